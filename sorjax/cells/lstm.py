@@ -1,0 +1,56 @@
+"""LSTM baseline (Hochreiter & Schmidhuber 1997), fused gate matmuls.
+
+    [i, f, g, o] = x_t W_x + h_{t-1} W_h + b
+    c_t = sigma(f + forget_bias) * c_{t-1} + sigma(i) * tanh(g)
+    h_t = sigma(o) * tanh(c_t)
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+
+from sorjax.cells import base
+
+
+def lstm_update(gates, c, forget_bias=0.0):
+  """The LSTM memory update from pre-activation gates [..., 4H] (i, f, g, o).
+
+  Shared by every cell that ends in a standard LSTM update.
+  """
+  i, f, g, o = jnp.split(gates, 4, axis=-1)
+  c = jax.nn.sigmoid(f + forget_bias) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+  h = jax.nn.sigmoid(o) * jnp.tanh(c)
+  return base.LSTMCarry(h, c)
+
+
+@dataclasses.dataclass(frozen=True)
+class LSTM:
+  hidden_size: int
+  forget_bias: float = 0.0
+
+  def __post_init__(self):
+    base.check_positive_int("lstm", "hidden_size", self.hidden_size)
+
+  def init(self, key, input_size: int, dtype: Any = jnp.float32):
+    base.check_positive_int("lstm", "input_size", input_size)
+    H = self.hidden_size
+    kx, kh = jax.random.split(key)
+    return {"W_x": base.uniform(kx, (input_size, 4 * H), H, dtype),
+            "W_h": base.uniform(kh, (H, 4 * H), H, dtype),
+            "b": base.zeros((4 * H,), dtype)}
+
+  def initial_carry(self, params, batch_shape=()):
+    z = jnp.zeros((*batch_shape, self.hidden_size), base.param_dtype(params))
+    return base.LSTMCarry(z, z)
+
+  def precompute(self, params, xs):
+    base.check_input("lstm", xs, params["W_x"].shape[0])
+    return base.affine(xs, params["W_x"], params["b"])
+
+  def step(self, params, carry, xp):
+    new = lstm_update(xp + carry.h @ params["W_h"], carry.c, self.forget_bias)
+    return new, new.h
