@@ -56,8 +56,9 @@ def check_input(cell: str, xs: Array, input_size: int) -> None:
   """Trace-time shape check of the last axis of an input."""
   if xs.ndim < 1 or xs.shape[-1] != input_size:
     raise ValueError(
-        f"{cell}: inputs must end in the input size {input_size} the "
-        f"params were initialised for; got shape {tuple(xs.shape)}")
+        f"{cell}: inputs must have last axis = the input size {input_size} "
+        f"the params were initialised for; got last axis "
+        f"{xs.shape[-1] if xs.ndim else None} (shape {tuple(xs.shape)})")
 
 
 # ---------------------------------------------------------------- activations
