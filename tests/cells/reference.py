@@ -23,3 +23,36 @@ def run_numpy(step, h0, xs):
     state, y = step(state, xs[:, t])
     ys.append(y)
   return state, np.stack(ys, 1)
+
+
+def intermediate_shapes(fn, *args):
+  """Shapes of every value a traced computation creates, sub-jaxprs
+  (scan bodies, remat, pjit) included."""
+  import jax
+  from jax.extend import core as jcore
+
+  shapes = []
+
+  def visit(jaxpr):
+    for eqn in jaxpr.eqns:
+      for v in eqn.outvars:
+        if hasattr(v.aval, "shape"):
+          shapes.append(tuple(v.aval.shape))
+      for p in eqn.params.values():
+        for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+          if isinstance(sub, jcore.ClosedJaxpr):
+            visit(sub.jaxpr)
+          elif isinstance(sub, jcore.Jaxpr):
+            visit(sub)
+
+  visit(jax.make_jaxpr(fn)(*args).jaxpr)
+  return shapes
+
+
+def assert_no_bhh(fn, args, B, H):
+  """Fails if fn (forward or backward) builds an array holding a [B, H, H]
+  block, i.e. a per-example hidden-to-hidden matrix. Pick B != H and keep
+  every other size (D, M, K, T) different from both."""
+  bad = [s for s in intermediate_shapes(fn, *args)
+         if B in s and list(s).count(H) >= 2]
+  assert not bad, f"per-example [B={B}, H={H}, H] arrays built: {bad}"
