@@ -1,0 +1,1 @@
+"""Data: synthetic languages with oracles, real corpora, tokenisers, batching."""
