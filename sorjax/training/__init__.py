@@ -1,0 +1,1 @@
+"""Training: schedules, optimisers, checkpoints, metrics."""
