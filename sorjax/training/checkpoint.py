@@ -1,0 +1,109 @@
+"""Orbax checkpoints of a run: the latest N, and the best by validation.
+
+Two CheckpointManagers under the work directory:
+
+    <workdir>/checkpoints/<step>/   the latest `keep` checkpoints (resume)
+    <workdir>/best/<step>/          the single best by validation (analysis)
+
+Each checkpoint holds `state` (a pytree: params, optimizer state, RNG, ...)
+and `meta` (JSON: epoch, data-iterator position, metrics, the resolved
+config). The trainer decides what "best" is and calls `save_best` only on
+improvement, which keeps the rule explicit (orbax's own best-N bookkeeping
+mixes with latest-N in ways that are hard to read).
+"""
+
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+
+
+def _manager(path: str, keep: int, read_only: bool = False):
+  return ocp.CheckpointManager(
+      path, options=ocp.CheckpointManagerOptions(
+          max_to_keep=keep, create=not read_only, read_only=read_only))
+
+
+class Checkpointer:
+  """Saves and restores (state pytree, meta JSON) pairs in a work directory."""
+
+  def __init__(self, workdir: str, keep: int = 3, read_only: bool = False):
+    if keep < 1:
+      raise ValueError(f"checkpoint keep must be >= 1, got {keep}")
+    self.workdir = os.path.abspath(workdir)
+    self._latest = _manager(os.path.join(self.workdir, "checkpoints"), keep,
+                            read_only)
+    self._best = _manager(os.path.join(self.workdir, "best"), 1, read_only)
+
+  # ------------------------------------------------------------------ save
+  @staticmethod
+  def _args(state, meta):
+    return ocp.args.Composite(state=ocp.args.StandardSave(state),
+                              meta=ocp.args.JsonSave(meta))
+
+  def save(self, step: int, state: Any, meta: dict) -> None:
+    """Saves a resumable checkpoint (replacing one at the same step)."""
+    if step in self._latest.all_steps():
+      self._latest.delete(step)
+    self._latest.save(step, args=self._args(state, meta))
+
+  def save_best(self, step: int, state: Any, meta: dict) -> None:
+    """Saves `state` as the best so far (the previous best is dropped)."""
+    if step in self._best.all_steps():
+      self._best.delete(step)
+    self._best.save(step, args=self._args(state, meta))
+
+  def wait(self) -> None:
+    self._latest.wait_until_finished()
+    self._best.wait_until_finished()
+
+  def close(self) -> None:
+    self._latest.close()
+    self._best.close()
+
+  # --------------------------------------------------------------- restore
+  def latest_step(self) -> int | None:
+    return self._latest.latest_step()
+
+  def best_step(self) -> int | None:
+    return self._best.latest_step()
+
+  def _resolve(self, step):
+    if step == "latest":
+      s = self.latest_step()
+      mngr = self._latest
+    elif step == "best":
+      s = self.best_step()
+      mngr = self._best
+    elif isinstance(step, int) and not isinstance(step, bool):
+      s = step
+      mngr = (self._latest if step in self._latest.all_steps() else
+              self._best if step in self._best.all_steps() else None)
+    else:
+      raise ValueError(f"step must be 'latest', 'best' or an int, got {step!r}")
+    available = sorted(set(self._latest.all_steps()) |
+                       set(self._best.all_steps()))
+    if s is None or mngr is None:
+      raise FileNotFoundError(
+          f"no checkpoint {step!r} in {self.workdir} (available steps: "
+          f"{available or 'none'})")
+    return mngr, s
+
+  def restore_meta(self, step="latest") -> tuple[int, dict]:
+    """(step, meta) without touching the arrays."""
+    mngr, s = self._resolve(step)
+    out = mngr.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    return s, out["meta"]
+
+  def restore(self, target: Any, step="latest") -> tuple[int, Any, dict]:
+    """(step, state, meta); `target` gives the state's structure, shapes,
+    dtypes and shardings (arrays or jax.ShapeDtypeStruct)."""
+    mngr, s = self._resolve(step)
+    abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, target)
+    out = mngr.restore(s, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract),
+        meta=ocp.args.JsonRestore()))
+    return s, out["state"], out["meta"]
