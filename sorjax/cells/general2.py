@@ -1,0 +1,118 @@
+"""General second-order RNN (Maupome & Meurs eq. 9) and the mRNN (eq. 6).
+
+    h_t = phi(A(B x_t * C h_{t-1}) + D x_t + E h_{t-1} + f)        (eq. 9)
+
+in the paper's column form. Row convention here, x @ W with W [in, out]:
+
+    m_t = (x_t B) * (h_{t-1} C)              intermediate state, |m| = M
+    h_t = phi(m_t A + x_t D + h_{t-1} E + f)
+
+Params: A [M, H], B [D, M], C [H, M], D [D, H] (if use_D), E [H, H]
+(if use_E), f [H]; each is the transpose of the paper's matrix of the same
+name. phi is tanh or the identity; h_0 = 0 (eq. 1).
+
+The per-token transition is W_hh(x_t) = E + A diag(B x_t) C (eq. 13): it is
+never formed. x_t B and x_t D + f are computed for all steps at once in
+`precompute` (one matmul with [B | D]); a step is two matmuls: h @ [C | E],
+then m @ A.
+
+The mRNN (Sutskever et al. 2011, eq. 6) h_t = phi(Z(V x * W h) + U x + b) is
+the case E = 0: Z, V, W, U, b are our A, B, C, D, f.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+import jax.numpy as jnp
+
+from sorjax.cells import base
+
+
+def _check_bool(cell: str, name: str, value: Any) -> None:
+  if not isinstance(value, bool):
+    raise ValueError(f"{cell}: {name} must be a bool, got {value!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class General2:
+  """Eq. 9; use_D / use_E keep the first-order terms D x_t / E h_{t-1}."""
+  hidden_size: int
+  intermediate_size: int
+  use_D: bool = True
+  use_E: bool = True
+  activation: str = "tanh"
+
+  name: ClassVar[str] = "general2"
+
+  def __post_init__(self):
+    base.check_positive_int(self.name, "hidden_size", self.hidden_size)
+    base.check_positive_int(self.name, "intermediate_size",
+                            self.intermediate_size)
+    _check_bool(self.name, "use_D", self.use_D)
+    _check_bool(self.name, "use_E", self.use_E)
+    base.check_choice(self.name, "activation", self.activation,
+                      ("tanh", "identity"))
+
+  def init(self, key, input_size: int, dtype: Any = jnp.float32):
+    base.check_positive_int(self.name, "input_size", input_size)
+    H, M = self.hidden_size, self.intermediate_size
+    # Six keys whatever the flags, so every variant draws the same A, B, C, ...
+    kA, kB, kC, kD, kE, kf = jax.random.split(key, 6)
+    params = {"A": base.uniform(kA, (M, H), M, dtype),  # U(+-1/sqrt(fan-in))
+              "B": base.uniform(kB, (input_size, M), input_size, dtype),
+              "C": base.uniform(kC, (H, M), H, dtype)}
+    if self.use_D:
+      params["D"] = base.uniform(kD, (input_size, H), input_size, dtype)
+    if self.use_E:
+      params["E"] = base.uniform(kE, (H, H), H, dtype)
+    # f is not zero: with h_0 = 0, f = 0 and no D, h = 0 is a fixed point.
+    params["f"] = base.uniform(kf, (H,), H, dtype)
+    return params
+
+  def initial_carry(self, params, batch_shape=()):
+    return base.HCarry(jnp.zeros((*batch_shape, self.hidden_size),
+                                 base.param_dtype(params)))
+
+  def precompute(self, params, xs):
+    base.check_input(self.name, xs, params["B"].shape[0])
+    if not self.use_D:
+      return {"Bx": xs @ params["B"]}
+    M = self.intermediate_size
+    BD = jnp.concatenate([params["B"], params["D"]], axis=1)
+    BxDx = xs @ BD  # B x_t and D x_t in one matmul, all t
+    f = base.lift(params["f"], BxDx.ndim)
+    return {"Bx": BxDx[..., :M], "Dx_f": BxDx[..., M:] + f}
+
+  def step(self, params, carry, xp):
+    h, M = carry.h, self.intermediate_size
+    if self.use_E:
+      CE = jnp.concatenate([params["C"], params["E"]], axis=1)
+      ChEh = h @ CE  # C h_{t-1} and E h_{t-1} in one matmul
+      Ch, Eh = ChEh[..., :M], ChEh[..., M:]
+    else:
+      Ch = h @ params["C"]
+    m = xp["Bx"] * Ch  # intermediate state m_t = B x_t * C h_{t-1} (eq. 9)
+    pre = m @ params["A"]
+    if self.use_D:
+      pre = pre + xp["Dx_f"]
+    else:
+      pre = pre + base.lift(params["f"], pre.ndim)
+    if self.use_E:
+      pre = pre + Eh
+    h = base.activation(self.activation)(pre)
+    return base.HCarry(h), h
+
+
+@dataclasses.dataclass(frozen=True)
+class MRNN(General2):
+  """mRNN (Sutskever et al. 2011; Maupome & Meurs eq. 6): eq. 9 with E = 0.
+
+  Hyperparameters: hidden_size, intermediate_size, activation.
+  """
+  use_D: bool = dataclasses.field(default=True, init=False)
+  use_E: bool = dataclasses.field(default=False, init=False)
+
+  name: ClassVar[str] = "mrnn"
