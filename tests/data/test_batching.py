@@ -1,0 +1,341 @@
+"""TBPTT streams, padded/bucketed batches, cut sentences and k-fold splits."""
+
+import json
+
+import numpy as np
+import pytest
+
+from sorjax.data.batching import (SequenceBatcher, StreamBatcher, awd_seq_len,
+                                  batchify, cut_sentences, kfold,
+                                  length_boundaries, lm_pairs)
+
+
+def _distinct_stream(n, seed=0):
+  """Tokens that are all different, so a token tells its source position."""
+  return np.random.default_rng(seed).permutation(n).astype(np.int32)
+
+
+def _roundtrip(state):
+  return json.loads(json.dumps(state))  # what a checkpoint would store
+
+
+# ================================================================ batchify
+
+def test_batchify_hand_example():
+  data, dropped = batchify(np.arange(11), 3)
+  np.testing.assert_array_equal(data, [[0, 1, 2], [3, 4, 5], [6, 7, 8]])
+  assert dropped == 2 and data.dtype == np.int32
+
+
+@pytest.mark.parametrize("tokens, B, match", [
+    ([], 2, "tokens is empty"),
+    (np.arange(5), 3, "batch_size=3 is too large for 5 tokens"),
+    (np.arange(5), 0, "batch_size must be an int >= 1"),
+    (np.zeros((2, 3), np.int32), 1, "tokens must be a 1-D integer array"),
+    (np.linspace(0, 1, 5), 1, "tokens must be a 1-D integer array"),
+])
+def test_batchify_errors(tokens, B, match):
+  with pytest.raises(ValueError, match=match):
+    batchify(tokens, B)
+
+
+# ================================================================== TBPTT
+
+@pytest.mark.parametrize("variable", [False, True])
+def test_tbptt_continuity_and_shifted_targets(variable):
+  n, B = 1003, 4
+  source = _distinct_stream(n)
+  where = np.argsort(source)  # token -> position in the source
+  it = StreamBatcher(source, B, bptt=7, variable=variable, min_len=2,
+                     seed=3)
+  assert it.dropped == n % B
+  batches = list(it)
+  for prev, nxt in zip(batches, batches[1:]):
+    # Row i of batch j+1 continues row i of batch j in the source.
+    last = prev.inputs[np.arange(B), prev.lengths - 1]
+    np.testing.assert_array_equal(where[nxt.inputs[:, 0]], where[last] + 1)
+  seen = []
+  for b in batches:
+    L = int(b.lengths[0])
+    assert b.inputs.shape == b.targets.shape == (B, L)
+    assert (b.lengths == L).all()
+    # targets = the next source token of each input.
+    np.testing.assert_array_equal(where[b.targets], where[b.inputs] + 1)
+    seen.append(b.inputs)
+  # Every kept token except each row's last is an input exactly once.
+  N = n // B
+  rows = np.concatenate(seen, axis=1)
+  np.testing.assert_array_equal(rows, source[:N * B].reshape(B, N)[:, :-1])
+
+
+def test_fixed_bptt_windows_and_len():
+  it = StreamBatcher(np.arange(2 * 23), 2, bptt=5)
+  lengths = [int(b.lengths[0]) for b in it]
+  assert lengths == [5, 5, 5, 5, 2] and len(it) == 5  # 22 input steps
+  assert {b.lr_scale for b in StreamBatcher(np.arange(46), 2, 5)} == {1.0}
+
+
+def test_pad_to_gives_one_shape_and_masks_the_rest():
+  it = StreamBatcher(_distinct_stream(500), 3, bptt=10, variable=True,
+                     pad_to=16, pad_id=7, seed=1)
+  for b in it:
+    assert b.inputs.shape == b.targets.shape == (3, 16)
+    L = int(b.lengths[0])
+    assert 1 <= L <= 16
+    assert (b.inputs[:, L:] == 7).all() and (b.targets[:, L:] == 7).all()
+
+
+def test_awd_seq_len_statistics():
+  rng = np.random.default_rng(0)
+  draws = np.array([awd_seq_len(rng, 70) for _ in range(20000)])
+  short = draws < 52.5  # N(35, 5) and N(70, 5) are 7 sigma apart
+  assert abs(short.mean() - 0.05) < 0.008  # 5 binomial std
+  assert abs(draws[~short].mean() - 69.5) < 0.2  # int() floors N(70, 5)
+  assert abs(draws[~short].std() - 5.0) < 0.2
+  assert abs(draws[short].mean() - 34.5) < 1.0
+  small = np.array([awd_seq_len(rng, 8, min_len=5) for _ in range(2000)])
+  assert small.min() == 5 and (small == 5).mean() > 0.2
+
+
+def test_variable_batcher_statistics_lr_scale_and_seeding():
+  tokens = np.zeros(2 * 60000, np.int32)
+  it = StreamBatcher(tokens, 2, bptt=70, variable=True, seed=0)
+  drawn = []
+  for b in it:
+    drawn.append(round(b.lr_scale * 70))
+    # AWD-LSTM: lr_scale = seq_len / bptt (from the drawn length).
+    assert abs(b.lr_scale * 70 - drawn[-1]) < 1e-9
+  drawn = np.array(drawn)
+  lengths = [int(b.lengths[0]) for b in StreamBatcher(tokens, 2, 70,
+                                                      variable=True)]
+  np.testing.assert_array_equal(lengths[:-1], drawn[:-1])  # the last is cut
+  assert sum(lengths) == 60000 - 1
+  assert abs((drawn < 52.5).mean() - 0.05) < 0.03 and drawn.min() >= 5
+  # The next epoch and another seed draw different lengths.
+  epoch1 = [int(b.lengths[0]) for b in it]
+  other = [int(b.lengths[0]) for b in StreamBatcher(tokens, 2, 70,
+                                                    variable=True, seed=1)]
+  assert epoch1[:20] != lengths[:20] and other[:20] != lengths[:20]
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"bptt": 0}, "bptt must be an int >= 1"),
+    ({"bptt": 5, "batch_size": 600}, "batch_size=600 is too large"),
+    ({"bptt": 5, "pad_to": 4}, "pad_to must be an int >= 5"),
+    ({"bptt": 5, "p": 1.5}, "p must be in"),
+    ({"bptt": 5, "min_len": 0}, "min_len"),
+])
+def test_stream_batcher_errors(kwargs, match):
+  kwargs = {"batch_size": 2, **kwargs}
+  with pytest.raises(ValueError, match=match):
+    StreamBatcher(np.arange(1000), **kwargs)
+  with pytest.raises(ValueError, match="tokens is empty"):
+    StreamBatcher([], 2, 5)
+
+
+@pytest.mark.parametrize("variable", [False, True])
+def test_stream_resume_equals_uninterrupted(variable):
+  tokens = _distinct_stream(3000)
+  make = lambda: StreamBatcher(tokens, 3, 9, variable=variable, min_len=3,
+                               seed=5)
+  ref = make()
+  expected = list(ref) + list(ref)  # two epochs
+  it = make()
+  got = [next(it) for _ in range(40)]
+  state = _roundtrip(it.get_state())
+  fresh = make()
+  fresh.set_state(state)
+  got += list(fresh)
+  assert fresh.epoch == 1
+  got += list(fresh)
+  assert len(got) == len(expected)
+  for a, b in zip(got, expected):
+    np.testing.assert_array_equal(a.inputs, b.inputs)
+    np.testing.assert_array_equal(a.targets, b.targets)
+    assert a.lr_scale == b.lr_scale
+
+
+def test_stream_state_must_match_the_data():
+  it = StreamBatcher(np.arange(1000), 2, 5)
+  state = it.get_state()
+  with pytest.raises(ValueError, match="batch_size=2 .* batch_size=4"):
+    StreamBatcher(np.arange(1000), 4, 5).set_state(state)
+  with pytest.raises(ValueError, match="lacks the key 'position'"):
+    it.set_state({k: v for k, v in state.items() if k != "position"})
+  with pytest.raises(ValueError, match="position 999"):
+    it.set_state({**state, "position": 999})
+
+
+# ============================================================ sequences
+
+def _examples(n=37, seed=0, max_len=20):
+  rng = np.random.default_rng(seed)
+  return [rng.integers(1, 50, rng.integers(1, max_len + 1)).astype(np.int32)
+          for _ in range(n)]
+
+
+def _check_epoch(batcher, examples, B):
+  """Each example exactly once, intact, padded; returns the batches."""
+  batches = list(batcher)
+  index = np.concatenate([b.index for b in batches])
+  real = index[index >= 0]
+  np.testing.assert_array_equal(np.sort(real), np.arange(len(examples)))
+  for b in batches:
+    assert b.inputs.shape[0] == B == len(b.lengths) == len(b.index)
+    for row, n in enumerate(b.index):
+      L = int(b.lengths[row])
+      if n < 0:
+        assert L == 0 and (b.inputs[row] == batcher.pad_id).all()
+        continue
+      assert L == len(examples[n])
+      np.testing.assert_array_equal(b.inputs[row, :L], examples[n])
+      assert (b.inputs[row, L:] == batcher.pad_id).all()
+  return batches
+
+
+def test_bucketed_batches_keep_every_example_once_and_few_shapes():
+  examples, B, bounds = _examples(), 4, (5, 10, 20)
+  batcher = SequenceBatcher(examples, B, boundaries=bounds, seed=1,
+                            pad_id=0)
+  batches = _check_epoch(batcher, examples, B)
+  assert len(batches) == len(batcher)
+  assert {b.inputs.shape for b in batches} <= {(B, t) for t in bounds}
+  for b in batches:  # each batch sits in the smallest fitting bucket
+    T = b.inputs.shape[1]
+    lower = max([0] + [t for t in bounds if t < T])
+    real = b.lengths[b.index >= 0]
+    assert (real <= T).all() and (real > lower).all()
+  # Bucketing pads less than one bucket padded to the longest example.
+  padded = sum(b.inputs.size for b in batches)
+  one_bucket = sum(b.inputs.size for b in SequenceBatcher(
+      examples, B, boundaries=(20,)))
+  assert padded < one_bucket
+
+
+def test_unbucketed_batches_round_up_to_multiple_and_need_not_fill():
+  examples = _examples(seed=2)
+  batcher = SequenceBatcher(examples, 5, multiple=8, fill=False,
+                            shuffle=False)
+  batches = list(batcher)
+  assert sum(len(b.index) for b in batches) == len(examples)
+  assert [len(b.index) for b in batches] == [5] * 7 + [2]
+  np.testing.assert_array_equal(np.concatenate([b.index for b in batches]),
+                                np.arange(len(examples)))  # in order
+  for b in batches:
+    T = b.inputs.shape[1]
+    assert T % 8 == 0 and T - 8 < b.lengths.max() <= T
+
+
+def test_shuffling_is_seeded_and_changes_with_the_epoch():
+  examples = _examples()
+  order = lambda it: np.concatenate([b.index for b in it]).tolist()
+  a, b = SequenceBatcher(examples, 4, seed=3), SequenceBatcher(examples, 4,
+                                                               seed=3)
+  first = order(a)
+  assert first == order(b)
+  assert order(a) != first  # epoch 1 differs from epoch 0
+  assert order(SequenceBatcher(examples, 4, seed=4)) != first
+
+
+def test_per_step_and_per_example_targets():
+  sentences = [np.array([5, 6, 7, 8]), np.array([9, 10])]
+  inputs, targets = lm_pairs(sentences, bos=1)
+  assert [x.tolist() for x in inputs] == [[1, 5, 6, 7], [1, 9]]
+  assert [y.tolist() for y in targets] == [[5, 6, 7, 8], [9, 10]]
+  batch = next(SequenceBatcher(inputs, 2, targets=targets, shuffle=False,
+                               pad_id=0))
+  np.testing.assert_array_equal(batch.targets, [[5, 6, 7, 8], [9, 10, 0, 0]])
+  np.testing.assert_array_equal(batch.lengths, [4, 2])
+  labels = next(SequenceBatcher(sentences, 3, targets=[3, 1],
+                                shuffle=False))
+  np.testing.assert_array_equal(labels.targets, [3, 1, 0])  # + filler row
+  np.testing.assert_array_equal(labels.index, [0, 1, -1])
+
+
+def test_sequence_resume_equals_uninterrupted():
+  examples = _examples(n=50)
+  make = lambda: SequenceBatcher(examples, 4, boundaries=(8, 20), seed=9)
+  ref = make()
+  expected = list(ref) + list(ref)
+  it = make()
+  got = [next(it) for _ in range(5)]
+  fresh = make()
+  fresh.set_state(_roundtrip(it.get_state()))
+  got += list(fresh) + list(fresh)
+  assert len(got) == len(expected)
+  for a, b in zip(got, expected):
+    np.testing.assert_array_equal(a.index, b.index)
+    np.testing.assert_array_equal(a.inputs, b.inputs)
+  with pytest.raises(ValueError, match="num_examples=50 .* num_examples=49"):
+    SequenceBatcher(examples[:49], 4).set_state(it.get_state())
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    ([], {}, "inputs is empty"),
+    ([[1, 2], []], {}, r"inputs\[1\] is empty"),
+    ([[1, 2], [1.5]], {}, r"inputs\[1\] must be a 1-D integer array"),
+    ([[1, 2, 3]], {"boundaries": (2,)}, r"inputs\[0\] has length 3 > .* 2"),
+    ([[1]], {"boundaries": (4, 2)}, "strictly increasing"),
+    ([[1]], {"boundaries": (4,), "multiple": 2}, "not both"),
+    ([[1, 2]], {"targets": [[1]]}, r"targets\[0\] has shape"),
+    ([[1, 2]], {"targets": [1, 2]}, "2 targets for 1 inputs"),
+])
+def test_sequence_batcher_errors(args, kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    SequenceBatcher(args, 2, **kwargs)
+  with pytest.raises(ValueError, match="batch_size"):
+    SequenceBatcher([[1]], 0)
+
+
+def test_length_boundaries():
+  lengths = np.arange(1, 101)
+  assert length_boundaries(lengths, 4, multiple=8) == (32, 56, 80, 104)
+  assert length_boundaries([3, 3, 3], 4, multiple=4) == (4,)
+  with pytest.raises(ValueError, match="num_buckets"):
+    length_boundaries(lengths, 0)
+
+
+# ========================================================= partial sentences
+
+def test_cut_sentences_keeps_prefixes_and_counts_cuts():
+  # Renganathan & Singh 6.1: train on the first `cutoff` characters.
+  sentences = [np.arange(30), np.arange(25), np.arange(3)]
+  cut, num_cut = cut_sentences(sentences, 25)
+  assert [len(s) for s in cut] == [25, 25, 3] and num_cut == 1
+  np.testing.assert_array_equal(cut[0], np.arange(25))
+  with pytest.raises(ValueError, match="cutoff must be an int >= 1"):
+    cut_sentences(sentences, 0)
+
+
+# ================================================================== k-fold
+
+def test_kfold_partitions_are_disjoint_covering_and_deterministic():
+  n = 103
+  folds = kfold(n, 5, seed=7, valid_fraction=0.1)
+  tests = np.concatenate([f.test for f in folds])
+  np.testing.assert_array_equal(np.sort(tests), np.arange(n))  # disjoint
+  assert {len(f.test) for f in folds} <= {20, 21}
+  for f in folds:
+    parts = np.concatenate([f.train, f.valid, f.test])
+    np.testing.assert_array_equal(np.sort(parts), np.arange(n))
+    assert len(f.valid) == round(0.1 * (n - len(f.test)))
+  big = kfold(1000, 5, seed=7, valid_fraction=0.1)
+  for f, fold in enumerate(big):  # valid is drawn from every other fold
+    assert all(np.intersect1d(fold.valid, g.test).size > 5
+               for h, g in enumerate(big) if h != f)
+  again = kfold(n, 5, seed=7, valid_fraction=0.1)
+  for f, g in zip(folds, again):
+    for a, b in zip(f, g):
+      np.testing.assert_array_equal(a, b)
+  other = kfold(n, 5, seed=8, valid_fraction=0.1)
+  assert any(not np.array_equal(f.test, g.test) for f, g in zip(folds, other))
+
+
+@pytest.mark.parametrize("args, kwargs, match", [
+    ((10, 1), {}, "k must be an int >= 2"),
+    ((3, 5), {}, "num_examples must be an int >= 5"),
+    ((10, 2), {"valid_fraction": 1.0}, "valid_fraction"),
+])
+def test_kfold_errors(args, kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    kfold(*args, **kwargs)
