@@ -434,6 +434,9 @@ class SequenceBatcher:
     """Continues from `get_state()` of an iterator over the same data."""
     _restore_check("SequenceBatcher", state, self._fingerprint(),
                    ("epoch", "batch"))
+    if int(state["batch"]) > len(self):
+      raise ValueError(f"SequenceBatcher.set_state: batch {state['batch']} "
+                       f"beyond the {len(self)} batches of an epoch")
     self.epoch, self._batch = int(state["epoch"]), int(state["batch"])
 
 

@@ -268,6 +268,8 @@ def test_sequence_resume_equals_uninterrupted():
     np.testing.assert_array_equal(a.inputs, b.inputs)
   with pytest.raises(ValueError, match="num_examples=50 .* num_examples=49"):
     SequenceBatcher(examples[:49], 4).set_state(it.get_state())
+  with pytest.raises(ValueError, match="batch 99 beyond"):
+    it.set_state({**it.get_state(), "batch": 99})
 
 
 @pytest.mark.parametrize("args, kwargs, match", [
