@@ -46,13 +46,15 @@ class Checkpointer:
 
   def save(self, step: int, state: Any, meta: dict) -> None:
     """Saves a resumable checkpoint (replacing one at the same step)."""
-    if step in self._latest.all_steps():
+    if step in self._latest.all_steps():  # e.g. end of epoch after a periodic save
+      self._latest.wait_until_finished()
       self._latest.delete(step)
     self._latest.save(step, args=self._args(state, meta))
 
   def save_best(self, step: int, state: Any, meta: dict) -> None:
     """Saves `state` as the best so far (the previous best is dropped)."""
     if step in self._best.all_steps():
+      self._best.wait_until_finished()
       self._best.delete(step)
     self._best.save(step, args=self._args(state, meta))
 

@@ -1,0 +1,335 @@
+"""The training loop shared by every task.
+
+- replicas: `num_replicas` independent seeds (params, optimizer, RNG, carry)
+  trained by one compiled step, vmapped over a leading replica axis;
+- devices: the batch axis is sharded over all local devices (data
+  parallelism with `jax.sharding`); the train state is replicated;
+- resume: everything the future depends on (state, epoch, data position,
+  plateau / early-stopping / NT-ASGD bookkeeping) is checkpointed, so a killed
+  run restarted with the same command ends where an uninterrupted one would;
+- a non-finite loss leaves the state untouched inside the step and stops
+  the run at the next check with a message; no bad state is ever saved.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from typing import Any
+
+import flax.struct
+import jax
+import jax.numpy as jnp
+import numpy as np
+from absl import logging
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from sorjax.training import asgd
+from sorjax.training.checkpoint import Checkpointer
+from sorjax.training.metrics import MetricWriter
+from sorjax.training.optim import EarlyStopping, Plateau, make_optimizer, \
+    set_hyperparam
+from sorjax.training.schedules import TemperatureSchedule
+
+
+@flax.struct.dataclass
+class TrainState:
+  step: jax.Array          # [R] int32
+  params: Any              # leaves [R, ...]
+  opt_state: Any
+  rng: jax.Array           # [R] keys (raw uint32 data for checkpointing)
+  carry: Any               # TBPTT carry, leaves [R, ...]
+  nonfinite: jax.Array     # [R] bool: a non-finite loss was seen
+
+
+class NonFiniteLossError(FloatingPointError):
+  pass
+
+
+def _to_dict(cfg) -> dict:
+  return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
+
+
+def _tree_index(tree, r):
+  return jax.tree_util.tree_map(lambda a: a[r], tree)
+
+
+class Trainer:
+  """Builds the step and runs epochs for a task and a config.
+
+  config fields read here: seed, num_replicas, optim.*, plateau.*,
+  early_stopping.patience, nt_asgd.nonmono, temperature.*, train.*
+  (num_epochs, max_steps, log_every, checkpoint_every, keep_checkpoints).
+  """
+
+  def __init__(self, task, config, workdir: str):
+    self.task, self.config, self.workdir = task, config, workdir
+    self.R = int(config.num_replicas)
+    self.tx = make_optimizer(_to_dict(config.optim))
+    t = config.temperature
+    self.temperature = TemperatureSchedule(
+        init=t.init, decay=t.decay, per=t.per, floor=t.floor,
+        eval_value=t.get("eval_value"))
+    self.plateau = (Plateau(config.plateau.factor, config.plateau.patience)
+                    if config.plateau.enabled else None)
+    self.devices = jax.local_devices()
+    self.mesh = Mesh(np.array(self.devices), ("data",))
+    self._step_fn = self._build_step()
+
+  # ------------------------------------------------------------ state
+  def init_state(self) -> TrainState:
+    seeds = jnp.arange(self.R, dtype=jnp.uint32) + jnp.uint32(self.config.seed)
+    keys = jax.vmap(jax.random.key)(seeds)
+    k_init, k_run = jax.vmap(lambda k: tuple(jax.random.split(k)))(keys)
+    params = jax.vmap(self.task.init_params)(k_init)
+    opt_state = jax.vmap(self.tx.init)(params)
+    carry = jax.vmap(self.task.init_carry)(params)
+    return TrainState(step=jnp.zeros((self.R,), jnp.int32), params=params,
+                      opt_state=opt_state, rng=jax.random.key_data(k_run),
+                      carry=carry, nonfinite=jnp.zeros((self.R,), bool))
+
+  def _replicated(self, tree):
+    return jax.device_put(tree, NamedSharding(self.mesh, P()))
+
+  def _shard_batch(self, batch):
+    n = len(self.devices)
+
+    def put(a):
+      a = np.asarray(a)
+      if a.ndim == 0 or n == 1:
+        return jax.device_put(a, NamedSharding(self.mesh, P()))
+      if a.shape[0] % n:
+        raise ValueError(
+            f"batch axis {a.shape[0]} is not divisible by the {n} devices "
+            "(set the batch size to a multiple of jax.local_device_count())")
+      return jax.device_put(a, NamedSharding(self.mesh, P("data")))
+    return {k: put(v) for k, v in batch.items()}
+
+  # ------------------------------------------------------------ step
+  def _build_step(self):
+    task, tx = self.task, self.tx
+
+    def one(state_r, batch, temperature):
+      step, params, opt_state, rng, carry, nonfinite = state_r
+      rng = jax.random.wrap_key_data(rng)
+      rng, sub = jax.random.split(rng)
+      (loss, (new_carry, metrics)), grads = jax.value_and_grad(
+          task.loss, has_aux=True)(params, carry, batch, sub, temperature, True)
+      if "lr_scale" in batch:
+        opt_state = set_hyperparam(opt_state, "step_scale", batch["lr_scale"])
+      updates, new_opt = tx.update(grads, opt_state, params)
+      new_params = jax.tree_util.tree_map(lambda p, u: p + u, params, updates)
+      gnorm = jnp.sqrt(sum(jnp.sum(jnp.square(g)) for g in
+                           jax.tree_util.tree_leaves(grads)))
+      ok = jnp.isfinite(loss) & jnp.isfinite(gnorm)
+      keep = lambda new, old: jax.tree_util.tree_map(
+          lambda n, o: jnp.where(ok, n, o), new, old)
+      out = (step + ok.astype(jnp.int32), keep(new_params, params),
+             keep(new_opt, opt_state), jax.random.key_data(rng),
+             keep(new_carry, carry), nonfinite | ~ok)
+      return out, dict(metrics, loss=loss, grad_norm=gnorm)
+
+    def step_fn(state: TrainState, batch, temperature):
+      fields = (state.step, state.params, state.opt_state, state.rng,
+                state.carry, state.nonfinite)
+      out, metrics = jax.vmap(one, in_axes=(0, None, None))(
+          fields, batch, temperature)
+      return TrainState(*out), metrics
+
+    return jax.jit(step_fn, donate_argnums=0)
+
+  # ------------------------------------------------------------ loop
+  def run(self) -> TrainState:
+    cfg, task = self.config, self.task
+    tcfg = cfg.train
+    os.makedirs(self.workdir, exist_ok=True)
+    with open(os.path.join(self.workdir, "config.json"), "w") as f:
+      json.dump(_to_dict(cfg), f, indent=2, sort_keys=True)
+    if task.vocab is not None and hasattr(task.vocab, "save"):
+      task.vocab.save(os.path.join(self.workdir, "vocab.json"))
+
+    ckpt = Checkpointer(self.workdir, keep=tcfg.keep_checkpoints)
+    state = self.init_state()
+    meta = {"epoch": 0, "position": None, "stopped_early": False,
+            "early": [None] * self.R, "plateau": None,
+            "asgd_losses": [[] for _ in range(self.R)],
+            "best_loss": [math.inf] * self.R}
+    if ckpt.latest_step() is not None:
+      step0, state, meta = ckpt.restore(state, "latest")
+      logging.info("resumed from %s/checkpoints/%d (epoch %d)",
+                   self.workdir, step0, meta["epoch"])
+      _truncate_metrics(self.workdir, step0)
+    if meta["stopped_early"]:
+      logging.info("run in %s stopped early before; nothing to do",
+                   self.workdir)
+      ckpt.close()
+      return state
+
+    early = [EarlyStopping(cfg.early_stopping.patience)
+             if cfg.early_stopping.patience else None for _ in range(self.R)]
+    for e, d in zip(early, meta["early"]):
+      if e is not None and d is not None:
+        e.load_state_dict(d)
+    triggers = [asgd.NonMonotoneTrigger(cfg.nt_asgd.nonmono, list(l))
+                for l in meta["asgd_losses"]]
+    plateau_state = None
+    if self.plateau is not None:
+      plateau_state = [self.plateau.init() for _ in range(self.R)]
+      if meta["plateau"] is not None:
+        plateau_state = [type(s)(**{k: jnp.asarray(v) for k, v in d.items()})
+                         for s, d in zip(plateau_state, meta["plateau"])]
+
+    state = self._replicated(state)
+    writer = MetricWriter(self.workdir, tensorboard=tcfg.get("tensorboard",
+                                                             True))
+    epoch, position = meta["epoch"], meta["position"]
+    n_batches = task.num_train_batches()
+    max_steps = tcfg.get("max_steps")
+    step = int(state.step[0])
+    stop = bool(max_steps) and step >= max_steps
+    t_last, tok_last = time.perf_counter(), 0
+
+    def save():
+      if bool(jnp.any(state.nonfinite)):
+        raise NonFiniteLossError(
+            f"non-finite loss or gradient before step {int(state.step.max())}"
+            f" (replicas {np.flatnonzero(np.asarray(state.nonfinite)).tolist()}"
+            f"); the run stops here and {self.workdir}/checkpoints keeps the "
+            "last good state")
+      m = dict(meta, epoch=epoch, position=position,
+               early=[e.state_dict() if e else None for e in early],
+               asgd_losses=[t.losses for t in triggers],
+               plateau=None if plateau_state is None else
+               [{k: float(v) for k, v in s._asdict().items()}
+                for s in plateau_state],
+               config=_to_dict(cfg))
+      ckpt.save(step, jax.device_get(state), m)
+
+    try:
+      while epoch < tcfg.num_epochs and not stop:
+        tau = self.temperature(step, epoch)
+        for batch, position in task.train_batches(epoch, position):
+          if self.temperature.per == "step":
+            tau = self.temperature(step, epoch)
+          state, metrics = self._step_fn(state, self._shard_batch(batch),
+                                         jnp.float32(tau))
+          step += 1
+          tok_last += int(np.prod(np.shape(batch[next(iter(batch))])))
+          if step % tcfg.log_every == 0:
+            m = jax.device_get(metrics)
+            if not np.all(np.isfinite(m["loss"])):
+              save_err = step
+              raise NonFiniteLossError(
+                  f"non-finite training loss at step {save_err} (epoch "
+                  f"{epoch}); {self.workdir}/checkpoints keeps the last good "
+                  "state")
+            dt = time.perf_counter() - t_last
+            rate = tok_last * self.R / max(dt, 1e-9)
+            eta = ""
+            if n_batches:
+              left = (tcfg.num_epochs - epoch) * n_batches - (
+                  position or {}).get("batch", 0)
+              eta = f" eta {left * dt / tcfg.log_every / 60:.1f} min"
+            logging.info("step %d epoch %d loss %s tau %.3g %.0f tokens/s%s",
+                         step, epoch, np.round(m["loss"], 4).tolist(),
+                         float(tau), rate, eta)
+            for r in range(self.R):
+              writer.write(step, "train", {
+                  **{k: v[r] for k, v in m.items()}, "replica": r,
+                  "epoch": epoch, "temperature": tau,
+                  "tokens_per_s": rate})
+            t_last, tok_last = time.perf_counter(), 0
+          if step % tcfg.checkpoint_every == 0:
+            save()
+          if max_steps and step >= max_steps:
+            stop = True
+            break
+        if stop:
+          break
+        # ---- end of epoch: evaluate, schedule, select, stop
+        epoch += 1
+        position = None
+        stop, start_avg = self._end_of_epoch(state, step, epoch, writer, ckpt,
+                                             early, triggers, plateau_state,
+                                             meta)
+        state = self._apply_epoch_decisions(state, plateau_state, start_avg)
+        meta["stopped_early"] = stop
+        save()
+      save()
+    finally:
+      ckpt.wait()
+      ckpt.close()
+      writer.close()
+    return state
+
+  def _end_of_epoch(self, state, step, epoch, writer, ckpt, early, triggers,
+                    plateau_state, meta) -> tuple[bool, list[bool]]:
+    """Evaluates every replica; returns (stop, start NT-ASGD per replica)."""
+    cfg, task = self.config, self.task
+    tau_eval = float(self.temperature.evaluation(step, epoch - 1))
+    stops, start_avg = [], []
+    host = jax.device_get(state)
+    for r in range(self.R):
+      params_r = _tree_index(host.params, r)
+      opt_r = _tree_index(host.opt_state, r)
+      if cfg.optim.name == "nt_asgd":
+        params_r = asgd.averaged_params(opt_r, params_r)
+      results = {}
+      for split in task.eval_splits():
+        res = task.evaluate(params_r, split, tau_eval)
+        results[split] = res
+        writer.write(step, split, {**res, "replica": r, "epoch": epoch,
+                                   "temperature": tau_eval})
+      main = results[task.eval_splits()[0]]["loss"]
+      logging.info("epoch %d replica %d: %s", epoch, r,
+                   {s: {k: round(float(v), 4) for k, v in d.items()}
+                    for s, d in results.items()})
+      if not math.isfinite(main):
+        raise NonFiniteLossError(
+            f"non-finite validation loss after epoch {epoch} (replica {r})")
+      if main < meta["best_loss"][r]:
+        meta["best_loss"][r] = main
+      if plateau_state is not None:
+        plateau_state[r] = self.plateau.update(plateau_state[r], main)
+      fire = (cfg.optim.name == "nt_asgd"
+              and not asgd.averaging_active(opt_r)
+              and triggers[r].observe(main))
+      if fire:
+        logging.info("replica %d: NT-ASGD starts averaging at epoch %d",
+                     r, epoch)
+      start_avg.append(fire)
+      stops.append(early[r].update(main)[1] if early[r] else False)
+    # Best checkpoint: by the mean main loss over replicas.
+    mean_best = float(np.mean(meta["best_loss"]))
+    if mean_best < meta.get("best_mean", math.inf):
+      meta["best_mean"] = mean_best
+      ckpt.save_best(step, host, dict(meta, epoch=epoch, position=None,
+                                      config=_to_dict(cfg)))
+    return all(stops), start_avg
+
+  def _apply_epoch_decisions(self, state, plateau_state, start_avg):
+    if plateau_state is not None:
+      scales = jnp.stack([s.scale for s in plateau_state])
+      state = state.replace(opt_state=set_hyperparam(
+          state.opt_state, "plateau_scale", scales))
+    if any(start_avg):
+      host = jax.device_get(state.opt_state)
+      per = [asgd.start_averaging(_tree_index(host, r)) if s else
+             _tree_index(host, r) for r, s in enumerate(start_avg)]
+      state = state.replace(opt_state=self._replicated(
+          jax.tree_util.tree_map(lambda *a: jnp.stack(a), *per)))
+    return state
+
+
+def _truncate_metrics(workdir: str, step: int) -> None:
+  """Drops metric records written after `step` (they are recomputed)."""
+  path = os.path.join(workdir, "metrics.jsonl")
+  if not os.path.exists(path):
+    return
+  with open(path, encoding="utf-8") as f:
+    lines = f.readlines()
+  keep = [l for l in lines if l.strip() and json.loads(l)["step"] <= step]
+  with open(path, "w", encoding="utf-8") as f:
+    f.writelines(keep)
