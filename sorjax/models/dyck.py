@@ -1,0 +1,80 @@
+"""Heads for the Dyck-language tasks, on the shared recurrent trunk.
+
+    head="next_token"  per-step logits over the vocabulary, softmax: a
+                       next-token language model (Lin et al. 3.1, the
+                       m-bounded Dyck-2 LMs scored by LDPA / WCPA).
+    head="admissible"  per-step logits over num_outputs symbols, each a
+                       sigmoid: which symbols may come next (multi-label;
+                       Mahto et al. 3.1.2 after Suzgun et al. 2019, with
+                       num_outputs = 2 closing brackets).
+    head="closing"     one softmax over the k = num_outputs closing brackets
+                       from the hidden state of the last valid step
+                       (Renganathan & Singh 4.2: "inspect ... the last hidden
+                       state vector, apply an affine transformation and pass
+                       it through a softmax").
+
+Every head is an affine map [H, num_outputs] + [num_outputs] named "head";
+`probabilities` turns its logits into the head's distribution.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+from sorjax.cells import base
+from sorjax.models.stack import RecurrentTrunk
+
+HEADS = ("next_token", "admissible", "closing")
+
+
+class DyckModel(RecurrentTrunk):
+  """Recurrent trunk + one of HEADS.
+
+  Attributes (beyond `RecurrentTrunk`'s):
+    head: one of HEADS.
+    num_outputs: classes of the head; defaults to vocab_size for
+      "next_token", required for "admissible" and "closing".
+  """
+  head: str = "next_token"
+  num_outputs: int | None = None
+
+  def _validate(self) -> None:
+    super()._validate()
+    if self.head not in HEADS:
+      raise self._error(f"head must be one of {HEADS}, got {self.head!r}")
+    if self.head != "next_token" or self.num_outputs is not None:
+      base.check_positive_int(f"{type(self).__name__} (head={self.head!r})",
+                              "num_outputs", self.num_outputs)
+
+  @property
+  def num_classes(self) -> int:
+    return self.vocab_size if self.num_outputs is None else self.num_outputs
+
+  @nn.compact
+  def __call__(self, tokens, carries=None, lengths=None, *,
+               deterministic: bool = True, **aux: Any):
+    """tokens int [B, T] -> (logits, carries).
+
+    logits are [B, T, num_classes] for the per-step heads and [B,
+    num_classes] for "closing" (read at step lengths - 1, or T - 1).
+    """
+    h, carries, _ = self._trunk(tokens, carries, lengths, deterministic, aux)
+    if self.head == "closing":
+      T = h.shape[1]
+      last = (jnp.full(h.shape[:1], T - 1, jnp.int32) if lengths is None
+              else jnp.asarray(lengths, jnp.int32) - 1)
+      h = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]  # [B, H]
+    logits = nn.Dense(self.num_classes, param_dtype=self.param_dtype,
+                      name="head")(h)
+    return logits, carries
+
+  @nn.nowrap
+  def probabilities(self, logits):
+    """Softmax over classes, or independent sigmoids for "admissible"."""
+    if self.head == "admissible":
+      return jax.nn.sigmoid(logits)
+    return jax.nn.softmax(logits, axis=-1)

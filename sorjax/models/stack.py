@@ -1,0 +1,262 @@
+"""The shared trunk of the token models: embedding -> dropout -> stack of
+cells -> dropout. Heads (`lm.LanguageModel`, `dyck.DyckModel`) subclass it.
+
+Parameters (one pytree, collection "params"):
+    embedding  [V, E]   when embedding="learned"
+    layer_l    the params dict of cell l (`cell.init(key, in_l)`), usable with
+               `sorjax.unroll(cells[l], params[f"layer_{l}"], xs)` directly
+Non-trainable arrays never enter "params": a frozen table lives in the
+collection `FROZEN` ("frozen"), a cell's fixed table is a constant.
+
+Embeddings:
+    learned   a trainable [V, E] table
+    frozen    a given [V, E] array (`embedding_table`), stored in "frozen"
+    one_hot   x_t = one_hot(token), E = V (character models without a table)
+    cell      the first cell's fixed table, `cells[0].fixed_embedding(k)` for
+              a Dyck-k vocabulary of V = 2k + 2 symbols (dyck_rnn with
+              learn_embedding=False, Renganathan & Singh 4.2)
+
+Dropout sites (rates in [0, 1), rng stream "dropout"):
+    embedding_dropout  drops whole word types: one mask over the vocabulary
+                       per call, scaled 1/(1-p) (AWD-LSTM's "dropoute")
+    input_dropout      on the embedded inputs x_t
+    hidden_dropout     between layers
+    output_dropout     on the last layer's outputs, before the head
+`locked_dropout` (True, or a tuple of "input", "hidden", "output") draws one
+mask per sequence shared across time at those sites (variational / locked
+dropout, Gal & Ghahramani 2016; AWD-LSTM).
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from sorjax.cells import base
+from sorjax.unroll import unroll_layers
+
+FROZEN = "frozen"  # variable collection of non-trainable arrays
+EMBEDDINGS = ("learned", "frozen", "one_hot", "cell")
+DROPOUT_SITES = ("input", "hidden", "output")
+
+
+class RecurrentTrunk(nn.Module):
+  """Embedding -> layers of cells -> dropout; the heads subclass it.
+
+  Attributes:
+    cells: one cell per layer (`sorjax.cells.make`); layer l reads layer
+      l-1's hidden_size, so layers may differ (e.g. mts_lstm's three layers).
+    vocab_size: V.
+    embed_size: E for embedding="learned"; implied otherwise (may be left
+      None, or given and then checked).
+    embedding: one of EMBEDDINGS.
+    embedding_table: the [V, E] array for embedding="frozen".
+    embedding_dropout, input_dropout, hidden_dropout, output_dropout: rates.
+    locked_dropout: True (all sites), False, or a tuple of DROPOUT_SITES.
+    param_dtype: dtype of every parameter (cells compute in it).
+    remat, unroll, hoist: passed to `sorjax.unroll` for every layer.
+  """
+  cells: Sequence[Any]
+  vocab_size: int
+  embed_size: int | None = None
+  embedding: str = "learned"
+  embedding_table: Any = None
+  embedding_dropout: float = 0.0
+  input_dropout: float = 0.0
+  hidden_dropout: float = 0.0
+  output_dropout: float = 0.0
+  locked_dropout: bool | Sequence[str] = False
+  param_dtype: Any = jnp.float32
+  remat: bool = False
+  unroll: int = 1
+  hoist: bool = True
+
+  # ------------------------------------------------------------ validation
+
+  def __post_init__(self):
+    object.__setattr__(self, "cells", tuple(self.cells))
+    if not isinstance(self.locked_dropout, bool):
+      object.__setattr__(self, "locked_dropout", tuple(self.locked_dropout))
+    self._validate()
+    super().__post_init__()
+
+  def _error(self, msg: str) -> ValueError:
+    return ValueError(f"{type(self).__name__}: {msg}")
+
+  def _validate(self) -> None:
+    if not self.cells:
+      raise self._error("cells must hold at least one cell, got none")
+    for l, cell in enumerate(self.cells):
+      if not all(hasattr(cell, m) for m in
+                 ("hidden_size", "init", "initial_carry", "precompute",
+                  "step")):
+        raise self._error(
+            f"cells[{l}] is not a sequence cell (needs hidden_size, init, "
+            f"initial_carry, precompute, step): {cell!r}")
+    base.check_positive_int(type(self).__name__, "vocab_size",
+                            self.vocab_size)
+    if self.embedding not in EMBEDDINGS:
+      raise self._error(
+          f"embedding must be one of {EMBEDDINGS}, got {self.embedding!r}")
+    if (self.embedding_table is not None) != (self.embedding == "frozen"):
+      raise self._error(
+          "embedding_table is given exactly when embedding='frozen' "
+          f"(embedding={self.embedding!r}, embedding_table "
+          f"{'given' if self.embedding_table is not None else 'None'})")
+    if self.embedding == "learned":
+      base.check_positive_int(type(self).__name__, "embed_size",
+                              self.embed_size)
+    elif self.embed_size is not None and self.embed_size != self.input_size:
+      raise self._error(
+          f"embed_size={self.embed_size} contradicts embedding="
+          f"{self.embedding!r}, whose size is {self.input_size}")
+    for name in ("embedding_dropout", "input_dropout", "hidden_dropout",
+                 "output_dropout"):
+      rate = getattr(self, name)
+      if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
+          0.0 <= rate < 1.0):
+        raise self._error(f"{name} must be a rate in [0, 1), got {rate!r}")
+    if not isinstance(self.locked_dropout, bool):
+      bad = [s for s in self.locked_dropout if s not in DROPOUT_SITES]
+      if bad:
+        raise self._error(
+            f"locked_dropout must be a bool or a tuple of {DROPOUT_SITES}; "
+            f"unknown sites {bad}")
+    base.check_positive_int(type(self).__name__, "unroll", self.unroll)
+
+  # ------------------------------------------------------------ sizes
+
+  @property
+  def input_size(self) -> int:
+    """The size E of the vectors the first cell reads."""
+    if self.embedding == "learned":
+      return self.embed_size
+    if self.embedding == "frozen":
+      return int(np.shape(self.embedding_table)[1])
+    if self.embedding == "one_hot":
+      return self.vocab_size
+    return int(self.fixed_table().shape[1])
+
+  @property
+  def output_size(self) -> int:
+    """hidden_size of the last layer."""
+    return self.cells[-1].hidden_size
+
+  def layer_input_sizes(self) -> tuple[int, ...]:
+    """The input size of each layer: E, then each layer's hidden_size."""
+    return (self.input_size,) + tuple(c.hidden_size for c in self.cells[:-1])
+
+  @nn.nowrap
+  def fixed_table(self) -> np.ndarray:
+    """The first cell's fixed [V, E] table (embedding="cell")."""
+    cell, V = self.cells[0], self.vocab_size
+    if not hasattr(cell, "fixed_embedding"):
+      raise self._error(
+          "embedding='cell' needs a first cell with fixed_embedding(k) "
+          f"(dyck_rnn with learn_embedding=False); cells[0] is {cell!r}")
+    if V < 4 or V % 2:
+      raise self._error(
+          "embedding='cell' reads a Dyck-k vocabulary of 2k + 2 symbols; "
+          f"vocab_size={V} is not of that form")
+    table = np.asarray(cell.fixed_embedding((V - 2) // 2))
+    if table.ndim != 2 or table.shape[0] != V:
+      raise self._error(
+          f"cells[0].fixed_embedding({(V - 2) // 2}) has shape {table.shape}, "
+          f"expected [{V}, E]")
+    return table
+
+  @nn.nowrap
+  def initial_carries(self, params, batch_size: int) -> tuple:
+    """Each layer's initial carry for a batch: pass as `carries` to reset
+    state (e.g. at a document boundary under TBPTT)."""
+    return tuple(c.initial_carry(params[f"layer_{l}"], (batch_size,))
+                 for l, c in enumerate(self.cells))
+
+  # ------------------------------------------------------------ pieces
+
+  def _locked(self, site: str) -> bool:
+    if isinstance(self.locked_dropout, bool):
+      return self.locked_dropout
+    return site in self.locked_dropout
+
+  def _dropout(self, x, rate: float, site: str, name: str,
+               deterministic: bool):
+    """Dropout on [B, T, F]; locked sites share one mask across T (axis 1)."""
+    if rate == 0.0:
+      return x
+    return nn.Dropout(rate, broadcast_dims=(1,) if self._locked(site) else (),
+                      name=name)(x, deterministic=deterministic)
+
+  def _table(self):
+    """The [V, E] embedding table (None for one_hot)."""
+    V, dtype = self.vocab_size, self.param_dtype
+    if self.embedding == "learned":
+      init = nn.initializers.normal(stddev=1.0 / math.sqrt(self.embed_size))
+      return self.param("embedding", init, (V, self.embed_size), dtype)
+    if self.embedding == "frozen":
+      table = np.asarray(self.embedding_table)
+      if table.ndim != 2 or table.shape[0] != V:
+        raise self._error(
+            f"embedding_table must have shape [vocab_size={V}, E], got "
+            f"{table.shape}")
+      return self.variable(FROZEN, "embedding",
+                           lambda: jnp.asarray(table, dtype)).value
+    if self.embedding == "cell":
+      return jnp.asarray(self.fixed_table(), dtype)  # a constant: not trainable
+    return None
+
+  def _embed(self, tokens, deterministic: bool):
+    """tokens [B, T] -> (x [B, T, E], the table or None)."""
+    table = self._table()
+    if table is None:
+      x = jax.nn.one_hot(tokens, self.vocab_size, dtype=self.param_dtype)
+    else:
+      x = jnp.take(table, tokens, axis=0)
+    p = self.embedding_dropout
+    if p > 0.0 and not deterministic:  # drop word types, AWD-LSTM's dropoute
+      keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - p,
+                                  (self.vocab_size, 1))
+      scale = keep.astype(x.dtype) / jnp.asarray(1.0 - p, x.dtype)
+      x = x * jnp.take(scale, tokens, axis=0)
+    return x, table
+
+  def _check_tokens(self, tokens, lengths) -> None:
+    tokens = jnp.asarray(tokens)
+    if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
+      raise self._error(
+          f"tokens must be int [B, T], got {tokens.dtype} {tokens.shape}")
+    if lengths is not None and jnp.shape(lengths) != tokens.shape[:1]:
+      raise self._error(
+          f"lengths must have shape [B] = [{tokens.shape[0]}], got "
+          f"{jnp.shape(lengths)}")
+
+  def _trunk(self, tokens, carries, lengths, deterministic: bool, aux):
+    """tokens [B, T] -> (last layer outputs [B, T, H], carries, table)."""
+    self._check_tokens(tokens, lengths)
+    if carries is not None and len(carries) != len(self.cells):
+      raise self._error(
+          f"carries must hold one carry per layer ({len(self.cells)}), got "
+          f"{len(carries)}")
+    x, table = self._embed(jnp.asarray(tokens), deterministic)
+    x = self._dropout(x, self.input_dropout, "input", "input_dropout",
+                      deterministic)
+    params = tuple(
+        self.param(f"layer_{l}", lambda k, c=c, n=n: c.init(
+            k, n, self.param_dtype))
+        for l, (c, n) in enumerate(zip(self.cells, self.layer_input_sizes())))
+
+    def between(l, ys):
+      return self._dropout(ys, self.hidden_dropout, "hidden",
+                           f"hidden_dropout_{l}", deterministic)
+
+    carries, h = unroll_layers(
+        self.cells, params, x, carries, lengths, between=between,
+        remat=self.remat, unroll=self.unroll, hoist=self.hoist, **aux)
+    h = self._dropout(h, self.output_dropout, "output", "output_dropout",
+                      deterministic)
+    return h, carries, table
