@@ -1,0 +1,1 @@
+"""Metrics and analyses of trained models (restored with `sorjax.restore`)."""
