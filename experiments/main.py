@@ -1,0 +1,47 @@
+"""Trains one experiment config.
+
+    python -m experiments.main --config=experiments/configs/demo.py \\
+        --workdir=/tmp/run [--config.model.cell=mrnn ...]
+
+Rerunning the same command resumes from the work directory's latest
+checkpoint.
+"""
+
+import logging as std_logging
+import sys
+
+from absl import app, flags, logging
+from ml_collections import config_flags
+
+from experiments import train
+from sorjax.training.tasks.common import ConfigError
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, "
+                    "figures and the resolved config.")
+config_flags.DEFINE_config_file("config", None, "Experiment config file.",
+                                lock_config=True)
+flags.mark_flags_as_required(["config", "workdir"])
+
+
+class _QuietLibraries(std_logging.Filter):
+  """Keeps orbax's per-save INFO chatter out of the progress log."""
+
+  def filter(self, record):
+    return record.levelno >= std_logging.WARNING or (
+        "orbax" not in record.pathname)
+
+
+def main(argv):
+  logging.get_absl_handler().addFilter(_QuietLibraries())
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  try:
+    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+  except ConfigError as e:
+    logging.error("config error: %s", e)
+    sys.exit(f"config error: {e}")
+
+
+if __name__ == "__main__":
+  app.run(main)

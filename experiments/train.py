@@ -1,0 +1,46 @@
+"""train_and_evaluate(config, workdir): build the task, run the loop,
+write the figures the config asks for."""
+
+from __future__ import annotations
+
+import os
+
+from absl import logging
+
+from sorjax.training.loop import Trainer
+from sorjax.training.tasks import make_task
+from sorjax.training.tasks.common import ConfigError
+
+
+def validate(config) -> None:
+  """Checks the loop's fields; the task checks its own when built."""
+  if not isinstance(config.num_replicas, int) or config.num_replicas < 1:
+    raise ConfigError(
+        f"num_replicas must be an int >= 1, got {config.num_replicas!r}")
+  t = config.train
+  for name in ("num_epochs", "log_every", "checkpoint_every",
+               "keep_checkpoints"):
+    if not isinstance(t[name], int) or t[name] < 1:
+      raise ConfigError(f"train.{name} must be an int >= 1, got {t[name]!r}")
+  try:
+    from sorjax.training.optim import make_optimizer
+    from sorjax.training.schedules import TemperatureSchedule
+    make_optimizer(config.optim.to_dict())
+    TemperatureSchedule(**config.temperature.to_dict())
+  except ValueError as e:
+    raise ConfigError(str(e)) from None
+
+
+def train_and_evaluate(config, workdir: str):
+  """Trains `config` in `workdir` (resuming if it holds a checkpoint);
+  returns the final train state."""
+  validate(config)
+  task = make_task(config)
+  state = Trainer(task, config, workdir).run()
+  figures = tuple(config.get("figures", ()) or ())
+  if figures:
+    from sorjax.analysis import figures as figs
+    for name in figures:
+      path = figs.make(name, task, state, config, workdir)
+      logging.info("figure %s -> %s", name, path)
+  return state

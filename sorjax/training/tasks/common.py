@@ -1,0 +1,127 @@
+"""Config -> cells and model arguments, shared by every task.
+
+`config.model` fields:
+  cell, hidden_size, num_layers      the stack (identical layers), or
+  layers                             a tuple of dicts, one per layer, each
+                                     with `cell`, `hidden_size` and any cell
+                                     hyperparameter (mts_lstm's 3 layers)
+  <cell hyperparameters>             CELL_HPARAMS below; None = cell default
+  budget, intermediate_ratio         solve hidden_size (and intermediate_size
+                                     = ratio * hidden) for a parameter budget
+  embed_size, embedding, dropouts,   RecurrentTrunk / LanguageModel fields
+  locked_dropout, tie_embedding, tie_projection, remat, unroll, hoist
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, Callable
+
+import ml_collections
+
+from sorjax import budget as budget_lib
+from sorjax import cells as cells_lib
+
+CELL_HPARAMS = ("activation", "forget_bias", "intermediate_size", "use_D",
+                "use_E", "general", "candidate_activation", "num_cells",
+                "num_matrices", "learn_embedding", "timescales")
+TRUNK_FIELDS = ("embed_size", "embedding", "embedding_dropout",
+                "input_dropout", "hidden_dropout", "output_dropout",
+                "locked_dropout", "remat", "unroll", "hoist")
+
+
+class ConfigError(ValueError):
+  """A config that cannot run; raised before anything is compiled."""
+
+
+def model_config(**overrides) -> ml_collections.ConfigDict:
+  c = ml_collections.ConfigDict(dict(
+      cell="lstm", hidden_size=64, num_layers=1, layers=None,
+      budget=None, intermediate_ratio=None,
+      embed_size=32, embedding="learned", embedding_init=None,
+      embedding_dropout=0.0, input_dropout=0.0, hidden_dropout=0.0,
+      output_dropout=0.0, locked_dropout=False, tie_embedding=False,
+      tie_projection=False, remat=False, unroll=1, hoist=True,
+      **{k: None for k in CELL_HPARAMS}))
+  for k, v in overrides.items():
+    if k not in c:
+      raise ConfigError(f"model_config: unknown field {k!r}")
+    c[k] = v
+  return c
+
+
+def _make_cell(layer: dict, where: str):
+  name = layer.get("cell")
+  if name not in cells_lib.names():
+    raise ConfigError(f"{where}.cell: unknown cell {name!r}; known cells: "
+                      f"{', '.join(cells_lib.sequence_names())}")
+  if name in cells_lib.TREE_CELLS:
+    raise ConfigError(f"{where}.cell: {name!r} is a tree cell; use the "
+                      "'trees' task")
+  fields = {f.name for f in dataclasses.fields(cells_lib.cell_class(name))}
+  kwargs = {}
+  for k, v in layer.items():
+    if k == "cell" or v is None:
+      continue
+    if k not in fields:
+      raise ConfigError(f"{where}.{k}={v!r}: cell {name!r} has no "
+                        f"hyperparameter {k!r} (it has {sorted(fields)})")
+    kwargs[k] = tuple(v) if isinstance(v, list) else v
+  try:
+    return cells_lib.make(name, **kwargs)
+  except (TypeError, ValueError) as e:
+    raise ConfigError(f"{where}: {e}") from None
+
+
+def make_cells(m: ml_collections.ConfigDict, hidden_size: int | None = None,
+               intermediate_size: int | None = None) -> tuple:
+  """The cells of config.model (hidden/intermediate sizes overridable)."""
+  if m.layers:
+    return tuple(_make_cell(dict(layer), f"model.layers[{l}]")
+                 for l, layer in enumerate(m.layers))
+  if not isinstance(m.num_layers, int) or m.num_layers < 1:
+    raise ConfigError(f"model.num_layers must be >= 1, got {m.num_layers!r}")
+  layer = {"cell": m.cell, "hidden_size": hidden_size or m.hidden_size,
+           **{k: m.get(k) for k in CELL_HPARAMS}}
+  if intermediate_size is not None:
+    layer["intermediate_size"] = intermediate_size
+  return tuple(_make_cell(layer, "model") for _ in range(m.num_layers))
+
+
+def trunk_kwargs(m: ml_collections.ConfigDict) -> dict[str, Any]:
+  kw = {k: m[k] for k in TRUNK_FIELDS}
+  if not isinstance(kw["locked_dropout"], bool):
+    kw["locked_dropout"] = tuple(kw["locked_dropout"])
+  if kw["embedding"] != "learned":
+    kw["embed_size"] = None
+  return kw
+
+
+def build_model(m: ml_collections.ConfigDict,
+                factory: Callable[[tuple], Any]):
+  """factory(cells) -> model; with model.budget set, hidden_size (and
+  intermediate_size at model.intermediate_ratio) are solved to meet it."""
+  if m.budget is None:
+    return _checked(factory, make_cells(m))
+  if m.layers:
+    raise ConfigError("model.budget solves one uniform stack; it cannot be "
+                      "combined with model.layers")
+  ratio = m.intermediate_ratio
+  try:
+    if ratio is None:
+      return budget_lib.solve(lambda H: _checked(factory, make_cells(m, H)),
+                              m.budget)
+    return budget_lib.solve(
+        lambda H, M: _checked(factory, make_cells(m, H, M)), m.budget,
+        ratio=ratio)
+  except ValueError as e:
+    if isinstance(e, ConfigError):
+      raise
+    raise ConfigError(f"model.budget={m.budget:,}: {e}") from None
+
+
+def _checked(factory, cells):
+  try:
+    return factory(cells)
+  except ValueError as e:
+    raise ConfigError(f"model: {e}") from None
