@@ -142,7 +142,13 @@ def _acceptance(m: int, min_length: int, max_length: int) -> np.ndarray:
 
 @dataclasses.dataclass(frozen=True)
 class DyckKM:
-  """Dyck-(k, m): k bracket types, at most m unclosed brackets."""
+  """Dyck-(k, m): k bracket types, at most m unclosed brackets.
+
+      lang = DyckKM(k=2, m=4)
+      train = lang.sample(10_000, 1, lang.max_train_length, seed=0)
+      probs = lang.oracle(train[0], 1, lang.max_train_length)
+      best = lang.oracle_score(train, 1, lang.max_train_length).perplexity
+  """
   k: int
   m: int
 
@@ -268,7 +274,8 @@ class DyckKM:
     bad = np.flatnonzero((seq < 0) | (seq >= self.vocab_size))
     if bad.size:
       raise ValueError(f"{owner}: token {int(seq[bad[0]])} at position "
-                       f"{bad[0]} is not in the vocabulary 0..{self.vocab_size-1}")
+                       f"{bad[0]} is not in the vocabulary "
+                       f"0..{self.vocab_size - 1}")
     if seq[0] != self.start:
       raise ValueError(f"{owner}: a sequence must start with START "
                        f"({self.start}), got {int(seq[0])} at position 0")
