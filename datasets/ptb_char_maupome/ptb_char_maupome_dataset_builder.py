@@ -121,7 +121,8 @@ class Builder(builders.SourceBuilder):
       raise FileNotFoundError(
           f"{self.name}/wsj_raw: no raw WSJ files (wsj_NNNN) found (searched "
           f"{'; '.join(self._searched)}); they are licensed by the LDC and "
-          f"have no download URL. {self.MANUAL_DOWNLOAD_INSTRUCTIONS}")
+          f"have no download URL. Give the LDC Treebank-3 raw/wsj folder as "
+          f"the manual_dir.")
     files = raw_files(d)
     self.info.metadata["unverified"] = (
         f"{len(files)} LDC raw WSJ files (no published checksums)")
