@@ -68,7 +68,8 @@ def inverse_gamma_timescales(n: int, alpha: float) -> np.ndarray:
   evenly spread in probability, never 0 or inf (the open interval)."""
   import scipy.stats  # only this function needs scipy
   q = np.linspace(0.0, 1.0, n + 2)[1:-1]
-  return scipy.stats.invgamma.ppf(q, alpha)
+  with np.errstate(divide="ignore", over="ignore"):  # inf is checked by callers
+    return scipy.stats.invgamma.ppf(q, alpha)
 
 
 def _err(msg: str) -> ValueError:
