@@ -8,10 +8,12 @@ phi is tanh or the identity. h_0 = 0 (eq. 1).
 
 The per-token transition W_hh(x)[i, j] = sum_d x[d] A[d, i, j] is the model
 itself, so this cell is exempt from the no-[B, H, H] rule; it still never
-forms W_hh(x). The step contracts h first, h @ A -> [B, D, H]
-(B*D*H*H multiply-adds, one dense matmul with A read as [H, D*H]), then
-with x (B*D*H). Forming x . A first costs the same B*D*H*H plus B*H*H for
-the matvec, and holds a [B, H, H] array per step (or [T, B, H, H] if hoisted).
+forms W_hh(x). The step contracts h first, one [H, H] block of A per input
+component d (a batched matmul over d: D*B*H*H multiply-adds, reading A in
+its stored layout, so no per-step transpose of A), then sums the D results
+weighted by x_t (D*B*H). Forming x . A first costs the same D*B*H*H plus
+B*H*H for the matvec, and holds a [B, H, H] array per step ([T, B, H, H] if
+hoisted).
 """
 
 from __future__ import annotations
@@ -53,8 +55,10 @@ class TensorRNN:
     return xs  # x_t enters only through the product with h_{t-1}
 
   def step(self, params, carry, x):
-    A, b = params["A"], params["b"]
-    hA = jnp.einsum("...i,dij->...dj", carry.h, A)  # h^T A^(j), all d: [.., D, H]
-    pre = jnp.einsum("...dj,...d->...j", hA, x)     # ... then x_t (eq. 5)
+    A, b, h = params["A"], params["b"], carry.h
+    hb = jnp.broadcast_to(h, (A.shape[0], *h.shape))  # one copy of h per d
+    hA = jnp.einsum("d...i,dij->d...j", hb, A)  # h^T A[d]: [D, .., H]
+    xd = jnp.moveaxis(x, -1, 0)[..., None]  # x_t[d] as [D, .., 1]
+    pre = jnp.sum(hA * xd, axis=0)  # ... weighted by x_t[d] (eq. 5)
     h = base.activation(self.activation)(pre + base.lift(b, pre.ndim))
     return base.HCarry(h), h

@@ -236,7 +236,8 @@ def test_mrnn_hyperparameters():
 
 def test_wrong_input_size_is_reported():
   cell, params = make(D=2)
-  with pytest.raises(ValueError, match="general2.*input size 2.*got last axis 3"):
+  with pytest.raises(ValueError,
+                     match="general2.*input size 2.*got last axis 3"):
     sorjax.unroll(cell, params, jnp.zeros((2, 5, 3)))
   with pytest.raises(ValueError, match="general2: input_size"):
     cell.init(jax.random.key(0), 0)

@@ -26,7 +26,7 @@ def numpy_step(p, reset_after=True):
   def step(h, x):
     gx = x @ p["W_x"] + p["b"]
     xr, xz, xn = gx[:, :H], gx[:, H:2 * H], gx[:, 2 * H:]
-    W_hr, W_hz, W_hn = p["W_h"][:, :H], p["W_h"][:, H:2 * H], p["W_h"][:, 2 * H:]
+    W_hr, W_hz, W_hn = (p["W_h"][:, k * H:(k + 1) * H] for k in range(3))
     r = sigmoid(xr + h @ W_hr)
     z = sigmoid(xz + h @ W_hz)
     if reset_after:  # cuDNN / flax: r * (h W_hn + b_hn)

@@ -31,7 +31,7 @@ def test_matches_eq5_triple_sum(activation):
     h = np.zeros(H)  # eq. 1
     for t in range(5):
       new = np.zeros(H)
-      for j in range(H):  # h_t^(j) = phi(h^T A^(j) x + b^(j)), A^(j)[i,d] = A[d,i,j]
+      for j in range(H):  # phi(h^T A^(j) x + b^(j)), A^(j)[i,d] = A[d,i,j]
         s = sum(h[i] * A[d, i, j] * x64[n, t, d]
                 for i in range(H) for d in range(Dn))
         new[j] = PHI[activation](s + b[j])
