@@ -1,1 +1,16 @@
-"""Data: synthetic languages with oracles, real corpora, tokenisers, batching."""
+"""Data: synthetic languages with oracles, real corpora, tokenisers, batching.
+
+Submodules: `dyck` (Dyck-(k,m) PDFA and oracle), `pcfg` (Dyck-2 PCFG),
+`keyword_trees` (Le & Zuidema's keyword task), `markov` (bigram-resampled
+control corpus), `synthetic` (all four), `tokenize`, `vocab`, `batching`,
+`corpora` (offline TFDS corpora, `load_corpus`).
+"""
+
+from sorjax.data import batching, dyck, keyword_trees, markov, pcfg, \
+    synthetic, tokenize, vocab
+from sorjax.data.batching import (Fold, SequenceBatch, SequenceBatcher,
+                                  StreamBatch, StreamBatcher, awd_seq_len,
+                                  batchify, cut_sentences, kfold,
+                                  length_boundaries, lm_pairs)
+from sorjax.data.tokenize import Tokenizer, letters_only, read_lines
+from sorjax.data.vocab import Encoded, Vocab, encode_lines

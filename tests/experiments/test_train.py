@@ -1,0 +1,104 @@
+"""End-to-end: the absl binary, resume after a kill, restore, config errors."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import jax
+import numpy as np
+import pytest
+
+import sorjax
+from experiments import train
+from sorjax.training.metrics import read_metrics
+from sorjax.training.tasks.common import ConfigError
+from tests.experiments import tiny_dyck
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "tests", "experiments", "tiny_dyck.py")
+
+
+def main_cmd(workdir, *overrides):
+  return [sys.executable, "-m", "experiments.main", f"--config={CONFIG}",
+          f"--workdir={workdir}", *overrides]
+
+
+def test_loss_falls_on_a_tiny_dyck_task(tmp_path):
+  cfg = tiny_dyck.get_config()
+  state = train.train_and_evaluate(cfg, str(tmp_path))
+  dev = read_metrics(str(tmp_path), "dev")
+  assert len(dev) == 3
+  assert dev[-1]["loss"] < dev[0]["loss"]
+  assert dev[-1]["oracle_perplexity"] < dev[-1]["perplexity"]
+  assert 0.0 <= dev[-1]["wcpa"] <= 1.0
+  assert int(state.step[0]) > 0
+
+
+def test_config_errors_stop_before_training(tmp_path):
+  cfg = tiny_dyck.get_config()
+  cfg.model.cell = "mrn"
+  with pytest.raises(ConfigError, match="model.cell: unknown cell 'mrn'"):
+    train.train_and_evaluate(cfg, str(tmp_path))
+  cfg = tiny_dyck.get_config()
+  cfg.model.num_cells = 3
+  with pytest.raises(ConfigError, match="has no hyperparameter 'num_cells'"):
+    train.train_and_evaluate(cfg, str(tmp_path))
+  cfg = tiny_dyck.get_config()
+  cfg.model.budget = 10
+  with pytest.raises(ConfigError, match="model.budget=10"):
+    train.train_and_evaluate(cfg, str(tmp_path))
+  cfg = tiny_dyck.get_config()
+  cfg.train.num_epochs = 0
+  with pytest.raises(ConfigError, match="train.num_epochs"):
+    train.train_and_evaluate(cfg, str(tmp_path))
+  assert not os.path.exists(tmp_path / "checkpoints")
+  res = subprocess.run(main_cmd(tmp_path / "x", "--config.task=nope"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert res.returncode != 0
+  assert "config error: config.task: unknown task 'nope'" in res.stderr
+
+
+def test_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
+  full, cut = tmp_path / "full", tmp_path / "cut"
+  subprocess.run(main_cmd(full), cwd=ROOT, check=True, capture_output=True,
+                 timeout=600)
+  proc = subprocess.Popen(main_cmd(cut), cwd=ROOT, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL)
+  deadline = time.time() + 300
+  ckpts = cut / "checkpoints"
+  while time.time() < deadline:     # kill once the second checkpoint lands
+    if ckpts.exists() and len([d for d in os.listdir(ckpts)
+                               if d.isdigit()]) >= 2:
+      break
+    time.sleep(0.05)
+  proc.send_signal(signal.SIGKILL)
+  proc.wait()
+  steps = sorted(int(d) for d in os.listdir(ckpts) if d.isdigit())
+  assert steps and steps[-1] < 45, f"the run finished before the kill: {steps}"
+  subprocess.run(main_cmd(cut), cwd=ROOT, check=True, capture_output=True,
+                 timeout=600)
+  a = sorjax.restore(str(full), "latest")
+  b = sorjax.restore(str(cut), "latest")
+  assert a.step == b.step
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a.params, b.params)
+
+
+def test_restore_in_a_fresh_process(tmp_path):
+  train.train_and_evaluate(tiny_dyck.get_config(), str(tmp_path))
+  code = ("import sorjax, numpy as np, json;"
+          f"run = sorjax.restore({str(tmp_path)!r}, 'best');"
+          "lp = run.log_probs(np.array([4, 0, 1, 3, 2, 5]));"
+          "print(json.dumps([run.step, list(lp.shape), "
+          "np.exp(lp).sum(-1).tolist(), run.config.model.cell]))")
+  res = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-3000:]
+  step, shape, sums, cell = json.loads(res.stdout.strip().splitlines()[-1])
+  assert shape == [6, 6] and cell == "mrnn" and step > 0
+  np.testing.assert_allclose(sums, 1.0, rtol=1e-5)
+  with pytest.raises(FileNotFoundError, match="not a sorjax run directory"):
+    sorjax.restore(str(tmp_path / "nothing"))
