@@ -22,7 +22,8 @@ SPLIT_FILES = {"train": "train.txt", "validation": "dev.txt",
                "test": "test.txt"}
 LABELS = ("very negative", "negative", "neutral", "positive", "very positive")
 BINARY = (0, 0, -1, 1, 1)  # root label -> binary label (-1: neutral)
-_TOKENS = re.compile(r"\(|\)|[^ \t\n\r\f\v()]+")  # ASCII blanks only: a leaf may hold U+00A0
+# Split at ASCII blanks only: a leaf may hold U+00A0 ("8\u00a01\\/2").
+_TOKENS = re.compile(r"\(|\)|[^ \t\n\r\f\v()]+")
 
 
 def parse_tree(line: str, where: str) -> tuple[int, list[str]]:

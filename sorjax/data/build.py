@@ -3,7 +3,7 @@
     python -m sorjax.data.build ptb wikitext2 [--data_dir DIR]
         [--manual_dir DIR] [--noverify_checksums]
     python -m sorjax.data.build all
-    python -m sorjax.data.build ptb_char_maupome/wsj_raw --manual_dir LDC/raw/wsj
+    python -m sorjax.data.build ptb_char_maupome/wsj_raw --manual_dir RAW_WSJ
 
 Writes array_record files to `<data_dir>/<name>/[<config>/]<version>/`
 (default data_dir: TFDS's, ~/tensorflow_datasets or $TFDS_DATA_DIR) and

@@ -122,7 +122,7 @@ def load_corpus(name: str, split: str, data_dir=None, *, manual_dir=None
     lines = _read_lines(b, split)
     encoded = vocab_lib.encode_lines(
         vocab, ([*spec.symbols(l), EOS] for l in lines),
-        source=f"{name}/{split} line")
+        source=f"{name}/{split}")
     ids = encoded.stream()
     _save(path, ids)
   skipped = b.info.metadata.get("skipped", {}).get(split)
@@ -141,7 +141,7 @@ def corpus_metadata(name: str, data_dir=None, *, manual_dir=None) -> dict:
 def _read_lines(b, split: str) -> list[str]:
   """Every line of a prepared split, in order."""
   source = b.as_data_source(split=split)
-  records = source.__getitems__(range(len(source)))
+  records = source.__getitems__(range(len(source)))  # one batched read
   return [r["text"].decode("utf-8") for r in records]
 
 
@@ -156,7 +156,7 @@ def _vocab(name: str, cache: pathlib.Path, b) -> vocab_lib.Vocab:
   vocab = vocab_lib.Vocab.build(symbols, eos=EOS, unk=spec.unk,
                                 source=f"{name}/train")
   vocab.save(path)
-  ids = vocab_lib.encode_lines(vocab, symbols, f"{name}/train line").stream()
+  ids = vocab_lib.encode_lines(vocab, symbols, f"{name}/train").stream()
   _save(path.parent / "train.npy", ids)
   return vocab
 

@@ -71,7 +71,8 @@ def test_line_builders_keep_every_line_in_order(name, files, tmp_path):
     assert [r["text"].decode() for r in got] == expected
     assert [int(r["line"]) for r in got] == list(range(len(expected)))
   assert "skipped" not in b.info.metadata
-  assert b.info.metadata["source"] == str(FIXTURES / files["train"].split("/")[0])
+  folder = files["train"].split("/")[0]
+  assert b.info.metadata["source"] == str(FIXTURES / folder)
   assert "tensorflow" not in sys.modules
 
 
@@ -169,12 +170,14 @@ def test_maupome_wsj_raw_config(tmp_path):
 def test_maupome_wsj_raw_missing_sections_and_files(tmp_path):
   raw = tmp_path / "ldc"
   _raw_wsj(raw, {"00": "A b.\n", "23": "C d.\n"})
-  with pytest.raises(FileNotFoundError, match=r"'validation' \(sections 21-22\)"):
+  with pytest.raises(FileNotFoundError,
+                     match=r"'validation' \(sections 21-22\)"):
     build("ptb_char_maupome/wsj_raw", tmp_path, manual_dir=raw)
   empty = tmp_path / "empty"
   empty.mkdir()
   (empty / "x.txt").write_text("x")
-  with pytest.raises(FileNotFoundError, match="no raw WSJ files named wsj_NNNN"):
+  with pytest.raises(FileNotFoundError,
+                     match="no raw WSJ files named wsj_NNNN"):
     build("ptb_char_maupome/wsj_raw", tmp_path / "b", manual_dir=empty)
 
 
