@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import re
 from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence, Union
 
 import jax
@@ -124,22 +125,14 @@ class TreeParseError(ValueError):
                      f"\n  {' ' * (len(prefix) + pos - lo)}^")
 
 
+_TOKEN = re.compile(r"[()]|[^\s()]+")
+
+
 def _tokens(text: str):
-  """(kind, start, value): kind '(' or ')' or 'w' (a word or label)."""
-  i, n = 0, len(text)
-  while i < n:
-    ch = text[i]
-    if ch.isspace():
-      i += 1
-    elif ch in "()":
-      yield ch, i, ch
-      i += 1
-    else:
-      j = i
-      while j < n and not text[j].isspace() and text[j] not in "()":
-        j += 1
-      yield "w", i, text[i:j]
-      i = j
+  """(kind, start, value): kind '(' or ')' or 'w' (a word or a label)."""
+  for m in _TOKEN.finditer(text):
+    v = m.group()
+    yield (v if v in "()" else "w"), m.start(), v
 
 
 def _binarize(label, children, how):

@@ -1,0 +1,458 @@
+"""sorjax.trees: bracketed parsing, level schedules, height-scheduled `run`."""
+
+import gzip
+import os
+
+import jax
+import jax.numpy as jnp
+import jax.test_util as jtu
+import numpy as np
+import pytest
+
+import sorjax
+from sorjax import trees
+from sorjax.trees import Tree, TreeParseError
+
+SST = "(3 (2 It) (4 (2 's) (3 good)))"
+
+
+# ---------------------------------------------------------------- helpers
+
+def random_tree(rng, words, labeled=True):
+  """A uniformly random split at every node: trees of every shape."""
+  label = str(rng.integers(5)) if labeled else None
+  if len(words) == 1:
+    return Tree(label, word=words[0])
+  k = int(rng.integers(1, len(words)))
+  return Tree(label, (random_tree(rng, words[:k], labeled),
+                      random_tree(rng, words[k:], labeled)))
+
+
+def chain(words):
+  """Left-branching (((a b) c) d): height = leaves - 1."""
+  t = Tree(word=words[0])
+  for w in words[1:]:
+    t = Tree(children=(t, Tree(word=w)))
+  return t
+
+
+def balanced(words):
+  if len(words) == 1:
+    return Tree(word=words[0])
+  k = len(words) // 2
+  return Tree(children=(balanced(words[:k]), balanced(words[k:])))
+
+
+RUN = jax.jit(trees.run, static_argnums=0, static_argnames="remat")
+
+
+def reference_states(cell, params, x, tree):
+  """Recursive Python evaluation of one tree, node by node, in the
+  documented numbering: sort by (height, leftmost leaf), leaves having
+  height 0 and coming first left to right. leaf and compose are jitted for
+  [H] vectors, so the node-by-node loop compiles nothing per node."""
+  entries, count = [], [0]
+  leaf, compose = _jitted(cell)
+
+  def visit(t):
+    if t.is_leaf:
+      i = count[0]
+      count[0] += 1
+      s = leaf(params, x[i])
+      entries.append(((0, i), s))
+      return s, 0, i
+    (sl, hl, fl), (sr, hr, _) = visit(t.children[0]), visit(t.children[1])
+    s = compose(params, sl, sr)
+    entries.append(((1 + max(hl, hr), fl), s))
+    return s, 1 + max(hl, hr), fl
+
+  visit(tree)
+  entries.sort(key=lambda e: e[0])
+  return [s for _, s in entries]
+
+
+_JITTED = {}
+
+
+def _jitted(cell):
+  if cell not in _JITTED:
+    _JITTED[cell] = jax.jit(cell.leaf), jax.jit(cell.compose)
+  return _JITTED[cell]
+
+
+def reference_run(cell, params, x, batch, N):
+  """[B, N, H] NumPy states per field from `reference_states`, zero padding."""
+  x = np.asarray(x)
+  out = np.zeros((len(cell.leaf(params, x[:, :1])), *x.shape[:1], N,
+                  x.shape[-1]), np.float32)
+  for b, t in enumerate(batch):
+    for i, s in enumerate(reference_states(cell, params, x[b], t)):
+      for f, a in enumerate(s):
+        out[f, b, i] = a
+  return list(out)
+
+
+# ---------------------------------------------------------------- parse
+
+def test_parse_sst_tree():
+  t = trees.parse(SST)
+  assert t.label == "3" and not t.is_leaf and t.height == 2
+  assert t.leaves() == ["It", "'s", "good"]
+  left, right = t.children
+  assert left == Tree("2", word="It")
+  assert right.label == "4"
+  assert [c.label for c in right.children] == ["2", "3"]
+
+
+def test_parse_unlabeled_and_whitespace():
+  t = trees.parse("  ((It 's)\n\t good) ", labeled=False)
+  assert t == Tree(children=(Tree(children=(Tree(word="It"),
+                                            Tree(word="'s"))),
+                             Tree(word="good")))
+  assert trees.parse("word", labeled=False) == Tree(word="word")
+  assert trees.parse("( 3 ( 2 It )(3 good))") == Tree(
+      "3", (Tree("2", word="It"), Tree("3", word="good")))
+
+
+@pytest.mark.parametrize("labeled", [True, False])
+def test_round_trip(labeled):
+  rng = np.random.default_rng(0)
+  for n in range(1, 12):
+    t = random_tree(rng, [f"w{i}" for i in range(n)], labeled)
+    s = str(t)
+    assert trees.parse(s, labeled=labeled) == t
+    assert str(trees.parse(s, labeled=labeled)) == s
+  assert str(trees.parse(SST)) == SST
+
+
+BAD = [
+    # text, labeled, message, column
+    ("", True, "empty tree", 1),
+    ("   ", False, "empty tree", 4),
+    ("(3 (2 It) (4 (2 's) (3 good))", True, "unclosed '\\(' opened at "
+     "column 1", 1),
+    ("(3 (2 It) (4 (2 's) (3 good)", True, "unclosed '\\(' opened at "
+     "column 11", 11),
+    ("(3 (2 a) (2 b)))", True, "unmatched '\\)'", 16),
+    (")", True, "unmatched '\\)'", 1),
+    ("(3 (2 a) (2 b)) (2 c)", True, "unexpected text after the tree", 17),
+    ("((a b) c) d", False, "unexpected text after the tree", 11),
+    ("(3 (2 a) (2 b) (2 c))", True, "has 3 children; binary trees need 2",
+     1),
+    ("(a (b c d))", False, "node opened at column 4 has 3 children", 4),
+    ("(3 (2 a) (4 (2 b)))", True, "has 1 child", 10),
+    ("(3)", True, "empty node", 3),
+    ("()", False, "empty node", 2),
+    ("((2 a) (2 b))", True, "expected a label after '\\('", 2),
+    ("(", True, "expected a label after '\\('", 2),
+    ("(2 a b)", True, "one word; found a second", 6),
+    ("(2 a (2 b))", True, "a labeled leaf holds one word, not a subtree", 6),
+    ("(2 (2 a) b)", True, "either one word or subtrees", 10),
+    ("word", True, "expected '\\('", 1),
+]
+
+
+@pytest.mark.parametrize("text,labeled,message,column", BAD)
+def test_parse_errors_name_source_and_column(text, labeled, message, column):
+  with pytest.raises(TreeParseError, match=message) as e:
+    trees.parse(text, labeled=labeled, source="train.txt:12")
+  assert e.value.column == column
+  assert e.value.source == "train.txt:12"
+  assert str(e.value).startswith(f"train.txt:12: column {column}: ")
+  assert isinstance(e.value, ValueError)
+
+
+def test_binarize_only_when_asked():
+  text = "(3 (2 a) (1 b) (0 c) (4 d))"
+  with pytest.raises(TreeParseError, match="4 children"):
+    trees.parse(text)
+  a, b, c, d = (Tree(l, word=w) for l, w in
+                (("2", "a"), ("1", "b"), ("0", "c"), ("4", "d")))
+  assert trees.parse(text, binarize="right") == Tree(
+      "3", (a, Tree(None, (b, Tree(None, (c, d))))))
+  assert trees.parse(text, binarize="left") == Tree(
+      "3", (Tree(None, (Tree(None, (a, b)), c)), d))
+  # A unary node collapses onto its child, keeping the outer label.
+  assert trees.parse("(3 (1 (2 a)) (2 b))", binarize="right") == Tree(
+      "3", (Tree("1", word="a"), Tree("2", word="b")))
+  assert trees.parse("((a) b)", labeled=False, binarize="left") == Tree(
+      None, (Tree(word="a"), Tree(word="b")))
+  with pytest.raises(ValueError, match="binarize must be"):
+    trees.parse(SST, binarize="yes")
+
+
+def test_read_trees_names_file_and_line(tmp_path):
+  good = tmp_path / "trees.txt"
+  good.write_text(f"{SST}\n\n(1 (2 a) (0 b))\n")
+  got = trees.read_trees(str(good))
+  assert [str(t) for t in got] == [SST, "(1 (2 a) (0 b))"]
+  zipped = tmp_path / "trees.txt.gz"
+  with gzip.open(zipped, "wt") as f:
+    f.write(f"{SST}\n")
+  assert trees.read_trees(str(zipped)) == got[:1]
+  bad = tmp_path / "bad.txt"
+  bad.write_text(f"{SST}\n{SST}\n(1 (2 a) (0 b)\n")
+  with pytest.raises(TreeParseError,
+                     match=f"{bad}:3: column 1: unclosed") as e:
+    trees.read_trees(str(bad))
+  assert e.value.source == f"{bad}:3"
+
+
+def test_sst_dev_counts(shared_data):
+  """Counts stated in shared/data/SOURCES.md for the official dev split."""
+  dev = trees.read_trees(os.path.join(shared_data, "sst", "dev.txt"))
+  assert len(dev) == 1101
+  leaves = sum(len(t.leaves()) for t in dev)
+  assert leaves == 21274
+  assert leaves - len(dev) == 20173           # internal nodes, all binary
+  schedule = trees.encode(dev[:64], lambda w: 0)
+  labels = schedule.labels[schedule.node_mask]
+  assert labels.min() >= 0 and labels.max() <= 4  # a 0-4 label on every node
+
+
+def test_tree_validation_and_from_nested():
+  with pytest.raises(ValueError, match="either a word .* or children"):
+    Tree("1", (Tree(word="a"),), word="b")
+  with pytest.raises(ValueError, match="either a word"):
+    Tree("1")
+  assert Tree.from_nested(((1, 2), 3)) == Tree(children=(
+      Tree(children=(Tree(word=1), Tree(word=2))), Tree(word=3)))
+  with pytest.raises(ValueError, match="a pair, got 3"):
+    Tree.from_nested((1, 2, 3))
+  with pytest.raises(ValueError, match="str or int word"):
+    Tree.from_nested((1, 2.5))
+  # Deep trees do not hit Python's recursion limit.
+  deep = chain(list(range(3000)))
+  assert deep.height == 2999 and len(str(deep)) > 3000
+
+
+# ---------------------------------------------------------------- encode
+
+def test_encode_hand_computed():
+  vocab = {w: i for i, w in enumerate("It 's good a b c d e".split())}
+  batch = [trees.parse(SST),
+           trees.parse("((a b) (c (d e)))", labeled=False),
+           Tree("1", word="a")]
+  s = trees.encode(batch, vocab, pad_id=9)
+  # L = 5 leaves, N = 9 slots; T = 3 levels; widths 3, 2, 1 -> W = 3.
+  np.testing.assert_array_equal(
+      s.tokens, [[0, 1, 2, 9, 9], [3, 4, 5, 6, 7], [3, 9, 9, 9, 9]])
+  np.testing.assert_array_equal(s.leaf_mask.sum(1), [3, 5, 1])
+  np.testing.assert_array_equal(s.node_mask.sum(1), [5, 9, 1])
+  # SST tree: It 's good, ('s good), root; labels as written.
+  np.testing.assert_array_equal(s.labels[0], [2, 2, 3, 4, 3, -1, -1, -1, -1])
+  np.testing.assert_array_equal(s.labels[1], [-1] * 9)
+  np.testing.assert_array_equal(s.labels[2], [1] + [-1] * 8)
+  np.testing.assert_array_equal(s.depth[0], [1, 2, 2, 1, 0, -1, -1, -1, -1])
+  np.testing.assert_array_equal(s.depth[1], [2, 2, 2, 3, 3, 1, 2, 1, 0])
+  np.testing.assert_array_equal(s.root, [4, 8, 0])
+  np.testing.assert_array_equal(s.height, [2, 3, 0])
+  # Tree 1 (offset 9): (a b) = 14, (d e) = 15, (c (d e)) = 16, root = 17.
+  np.testing.assert_array_equal(s.node, [[3, 14, 15], [4, 16, 29],
+                                         [17, 28, 29]])
+  np.testing.assert_array_equal(s.left, [[1, 9, 12], [0, 11, 0],
+                                         [14, 0, 0]])
+  np.testing.assert_array_equal(s.right, [[2, 10, 13], [3, 15, 0],
+                                          [16, 0, 0]])
+  np.testing.assert_array_equal(s.level_mask, [[1, 1, 1], [1, 1, 0],
+                                               [1, 0, 0]])
+  assert s.tokens.dtype == s.node.dtype == np.int32
+
+
+def test_encode_pads_to_fixed_sizes_and_reports_overflow():
+  batch = [Tree.from_nested(((1, 2), 3)), Tree.from_nested((4, 5))]
+  s = trees.encode(batch, max_leaves=6, max_height=4, max_width=5)
+  assert s.tokens.shape == (2, 6) and s.node_mask.shape == (2, 11)
+  assert s.node.shape == s.left.shape == s.level_mask.shape == (4, 5)
+  assert s.level_mask.sum() == 3
+  with pytest.raises(ValueError, match="tree 0 needs max_leaves=3 > the given "
+                     "max_leaves=2"):
+    trees.encode(batch, max_leaves=2)
+  with pytest.raises(ValueError, match="tree 0 needs max_height=2 > the given "
+                     "max_height=1"):
+    trees.encode(batch, max_height=1)
+  with pytest.raises(ValueError, match="2 nodes of height 1 > the given "
+                     "max_width=1"):
+    trees.encode(batch, max_width=1)
+
+
+def test_encode_errors_name_tree_and_item():
+  batch = [trees.parse(SST), trees.parse("(1 (2 new) (0 words))")]
+  vocab = {"It": 1, "'s": 2, "good": 3}
+  with pytest.raises(ValueError, match="tree 1: word 'new' is not in the vocab"):
+    trees.encode(batch, vocab)
+  s = trees.encode(batch, vocab, unk=0)
+  np.testing.assert_array_equal(s.tokens, [[1, 2, 3], [0, 0, 0]])
+  with pytest.raises(ValueError, match="tree 0: word 'It' is not an integer"):
+    trees.encode(batch)
+  pos = trees.parse("(pos (neg a) (pos b))")
+  with pytest.raises(ValueError, match="tree 0: label 'neg' is not an integer"):
+    trees.encode([pos], vocab, unk=0)
+  s = trees.encode([pos], vocab, unk=0, labels={"neg": 0, "pos": 1})
+  np.testing.assert_array_equal(s.labels, [[0, 1, 1]])
+  flat = Tree(children=(Tree(word=1), Tree(word=2), Tree(word=3)))
+  with pytest.raises(ValueError, match="tree 1 has a node with 3 children"):
+    trees.encode([Tree(word=1), flat])
+  with pytest.raises(ValueError, match="no trees"):
+    trees.encode([])
+
+
+# ---------------------------------------------------------------- run
+
+def _setup(name, batch, H=4, dtype=jnp.float32, **pad):
+  cell = sorjax.cells.make(name, hidden_size=H)
+  s = trees.encode(batch, **pad)
+
+  @jax.jit
+  def make(key):  # one compilation instead of one per op
+    k_p, k_x = jax.random.split(key)
+    params = cell.init(k_p, H, dtype)
+    params = {k: v + 0.1 * jnp.ones_like(v) if k.startswith("b") else v
+              for k, v in params.items()}   # non-zero biases
+    return params, jax.random.normal(k_x, s.tokens.shape + (H,), dtype)
+
+  params, x = make(jax.random.key(0))
+  return cell, params, s, x
+
+
+def _random_batch(seed=0):
+  """Trees of 1 to 7 leaves and random shapes, padded past the batch's
+  sizes (L = 8 > 7 leaves, T = 7 > the largest height)."""
+  rng = np.random.default_rng(seed)
+  batch = [random_tree(rng, list(range(n)), labeled=False)
+           for n in (1, 7, 3, 6, 2)]
+  return batch, dict(max_leaves=8, max_height=7)
+
+
+@pytest.fixture(scope="module", params=["tree_rnn", "tree_lstm"])
+def setup(request):
+  batch, pad = _random_batch()
+  return (batch, *_setup(request.param, batch, **pad))
+
+
+def test_run_equals_recursive_reference(setup):
+  batch, cell, params, s, x = setup
+  N = s.node_mask.shape[1]
+  states, roots = RUN(cell, params, x, s)
+  ref = reference_run(cell, params, x, batch, N)
+  for got, want in zip(states, ref):   # padded slots are zero in both
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+  for b, t in enumerate(batch):
+    for got, want in zip(roots, ref):
+      np.testing.assert_allclose(got[b], want[b, 2 * len(t.leaves()) - 2],
+                                 rtol=1e-5, atol=1e-6)
+  np.testing.assert_array_equal(roots.h[0], x[0, 0])  # a lone leaf is its root
+  if len(roots) == 2:
+    np.testing.assert_array_equal(roots.c[0], np.zeros(4))
+
+
+@pytest.mark.parametrize("setup", ["tree_lstm"], indirect=True)
+def test_run_gradients_equal_recursive_reference(setup):
+  """Gradients w.r.t. params and leaf inputs, with and without remat (the
+  recursion is cell-agnostic; tree_lstm's two-field state is the harder
+  case)."""
+  batch, cell, params, s, x = setup
+  weights = jax.random.normal(jax.random.key(2), s.node_mask.shape + (4,))
+
+  def loss_run(params, x, remat):
+    states, roots = trees.run(cell, params, x, s, remat=remat)
+    return sum(jnp.sum(weights * a) for a in states) + jnp.sum(roots.h ** 2)
+
+  term = jax.jit(lambda w, s: sum(jnp.sum(w * a) for a in s))
+  square = jax.jit(lambda s: jnp.sum(s.h ** 2))
+
+  def loss_ref(params, x):  # the same loss, one node at a time
+    total = 0.0
+    for b, t in enumerate(batch):
+      nodes = reference_states(cell, params, x[b], t)
+      total += sum(term(weights[b, i], n) for i, n in enumerate(nodes))
+      total += square(nodes[-1])
+    return total
+
+  g_ref = jax.grad(loss_ref, argnums=(0, 1))(params, x)
+  grad = jax.jit(jax.grad(loss_run, argnums=(0, 1)), static_argnums=2)
+  for remat in (False, True):
+    g_run = grad(params, x, remat)
+    jax.tree_util.tree_map(
+        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+        g_run, g_ref)
+  # Padded leaf slots get no gradient; every real leaf gets some.
+  assert not np.any(np.asarray(g_run[1])[~s.leaf_mask])
+  assert np.all(np.any(np.asarray(g_run[1]) != 0, -1)[s.leaf_mask])
+
+
+def _scan_lengths(fn, *args):
+  return [e.params["length"] for e in jax.make_jaxpr(fn)(*args).jaxpr.eqns
+          if e.primitive.name == "scan"]
+
+
+def test_sequential_steps_are_the_max_height():
+  H = 3
+  cell = sorjax.cells.make("tree_rnn", hidden_size=H)
+  params = jax.eval_shape(lambda k: cell.init(k, H), jax.random.key(0))
+  # 16 leaves and 31 nodes but height 4; a 6-leaf chain has height 5.
+  for batch, height in (([balanced(list(range(16)))] * 2, 4),
+                        ([balanced(list(range(16))), chain(list(range(6)))],
+                         5),
+                        ([Tree(word=1), Tree(word=2)], 0)):
+    s = trees.encode(batch)
+    x = jax.ShapeDtypeStruct(s.tokens.shape + (H,), jnp.float32)
+    assert s.node.shape[0] == height
+    fn = lambda params, x: trees.run(cell, params, x, s)
+    assert _scan_lengths(fn, params, x) == [height]
+    # ... also in the backward pass.
+    g = jax.grad(lambda p, x: jnp.sum(fn(p, x)[1].h))
+    assert set(_scan_lengths(g, params, x)) == {height}
+
+
+def test_jit_compiles_once_for_padded_batches():
+  traces = []
+  cell = sorjax.cells.make("tree_rnn", hidden_size=2)
+  params = {"W": jnp.ones((4, 2)), "b": jnp.zeros(2)}
+
+  @jax.jit
+  def roots(params, x, s):
+    traces.append(1)
+    return trees.run(cell, params, x, s)[1].h
+
+  rng = np.random.default_rng(3)
+  for _ in range(3):
+    batch = [random_tree(rng, list(range(n)), labeled=False)
+             for n in rng.integers(1, 6, size=3)]
+    s = trees.encode(batch, max_leaves=5, max_height=4, max_width=6)
+    roots(params, jnp.ones(s.tokens.shape + (2,)), s)
+  assert len(traces) == 1
+
+
+def test_vmap_over_batches_and_params():
+  rng = np.random.default_rng(4)
+  pad = dict(max_leaves=6, max_height=5, max_width=6)
+  batches = [[random_tree(rng, list(range(n)), labeled=False)
+              for n in sizes] for sizes in ((6, 2), (3, 5))]
+  cell = sorjax.cells.make("tree_rnn", hidden_size=4)
+  rng_p = np.random.default_rng(5)
+  params = {"W": jnp.asarray(rng_p.normal(size=(8, 4)), jnp.float32),
+            "b": jnp.asarray(rng_p.normal(size=4), jnp.float32)}
+  ss = [trees.encode(b, **pad) for b in batches]
+  xs = jax.random.normal(jax.random.key(5), (2, 2, 6, 4))
+  stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *ss)
+  run = lambda p, x, s: RUN(cell, p, x, s)[0].h
+  both = jax.jit(jax.vmap(run, in_axes=(None, 0, 0)))(params, xs, stacked)
+  for k in range(2):
+    np.testing.assert_allclose(both[k], run(params, xs[k], ss[k]),
+                               rtol=1e-5, atol=1e-6)
+  ensemble = jax.tree_util.tree_map(lambda a: jnp.stack([a, 2 * a]), params)
+  two = jax.jit(jax.vmap(run, in_axes=(0, None, None)))(ensemble, xs[0], ss[0])
+  for k in range(2):
+    p = jax.tree_util.tree_map(lambda a: a[k], ensemble)
+    np.testing.assert_allclose(two[k], run(p, xs[0], ss[0]), rtol=1e-5,
+                               atol=1e-6)
+
+
+def test_run_rejects_misshapen_leaf_inputs(setup):
+  _, cell, params, s, x = setup
+  with pytest.raises(ValueError, match=r"leaf_inputs must be \[B, L, D\] = "
+                     r"\[5, 8, D\].*\(5, 6, 4\)"):
+    trees.run(cell, params, x[:, :6], s)
+  with pytest.raises(ValueError, match="word vectors of size hidden_size=4"):
+    trees.run(cell, params, jnp.zeros(x.shape[:2] + (3,)), s)
