@@ -31,18 +31,13 @@ from etils import epath
 import tensorflow_datasets as tfds
 
 from sorjax.data import builders
+from sorjax.data.tokenize import letters_only  # the paper's rule, stripped
 
-_NON_LETTERS = re.compile(r"[^a-z]+")
 _RAW_FILE = re.compile(r"wsj_(\d\d)\d\d")
 MIKOLOV_FILES = {"train": "ptb.train.txt", "validation": "ptb.valid.txt",
                  "test": "ptb.test.txt"}
 SECTIONS = {"train": range(0, 21), "validation": range(21, 23),
             "test": range(23, 25)}
-
-
-def letters_only(line: str) -> str:
-  """Maupome & Meurs 4: non-letters -> one space, lower case (27 symbols)."""
-  return _NON_LETTERS.sub(" ", line.lower()).strip()
 
 
 @dataclasses.dataclass
