@@ -23,6 +23,15 @@ def pcfg_data(**kw) -> ml_collections.ConfigDict:
   return d
 
 
+def lm_data(**kw) -> ml_collections.ConfigDict:
+  d = ml_collections.ConfigDict(dict(
+      corpus="ptb", data_dir=None, manual_dir=None, batch_size=20, bptt=35,
+      variable_bptt=False, pad_to=None, eval_batch_size=10, eval_bptt=35,
+      max_train_tokens=None, max_eval_tokens=None, seed=0))
+  d.update(kw)
+  return d
+
+
 def config(task: str, data: ml_collections.ConfigDict, **model):
   c = base_config()
   c.task = task

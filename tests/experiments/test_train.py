@@ -102,3 +102,20 @@ def test_restore_in_a_fresh_process(tmp_path):
   np.testing.assert_allclose(sums, 1.0, rtol=1e-5)
   with pytest.raises(FileNotFoundError, match="not a sorjax run directory"):
     sorjax.restore(str(tmp_path / "nothing"))
+
+
+def test_lm_task_trains_with_tbptt_and_restores(tmp_path, shared_data,
+                                                monkeypatch):
+  monkeypatch.setenv("SORJAX_DATA_DIR", shared_data)
+  from tests.experiments import tiny_lm
+  cfg = tiny_lm.get_config()
+  cfg.data.data_dir = str(tmp_path / "tfds")
+  state = train.train_and_evaluate(cfg, str(tmp_path / "run"))
+  valid = read_metrics(str(tmp_path / "run"), "valid")
+  assert valid[-1]["loss"] < valid[0]["loss"]
+  # The TBPTT carry is in the train state: B streams of the last layer.
+  assert state.carry[0].h.shape == (1, 8, 16)
+  run = sorjax.restore(str(tmp_path / "run"), "latest")
+  lp = run.log_probs("the company said")
+  assert lp.shape == (3, 10_000)
+  np.testing.assert_allclose(np.exp(lp).sum(-1), 1.0, rtol=1e-5)

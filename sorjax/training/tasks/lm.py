@@ -1,0 +1,139 @@
+"""Language modelling with truncated BPTT (word, char; AWD-LSTM batching).
+
+Each of B streams continues across batches, so the hidden state is carried
+from batch to batch (the loop keeps it in the train state, gradient stopped
+between batches) and reset at the start of every epoch. Evaluation streams
+a whole split the same way and reports cross-entropy (nats per token),
+perplexity and bits per symbol.
+"""
+
+from __future__ import annotations
+
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+
+from sorjax.data import batching, corpora
+from sorjax.models import LanguageModel
+from sorjax.training.tasks.base import ModelTask, masked_mean, step_mask
+from sorjax.training.tasks.common import ConfigError, build_model, \
+    trunk_kwargs
+
+
+class LanguageModelTask(ModelTask):
+  name = "lm"
+
+  def __init__(self, config):
+    d = self.data_cfg = config.data
+    try:
+      ids, self.vocab = corpora.load_corpus(d.corpus, "train", d.data_dir,
+                                            manual_dir=d.manual_dir)
+      self.split_ids = {"train": ids}
+      for s in ("valid", "test"):
+        self.split_ids[s] = corpora.load_corpus(
+            d.corpus, s, d.data_dir, manual_dir=d.manual_dir)[0]
+    except (FileNotFoundError, ValueError, KeyError) as e:
+      raise ConfigError(f"data.corpus={d.corpus!r}: {e}") from None
+    if d.max_train_tokens:   # CPU-scale runs: a prefix of each split
+      self.split_ids = {s: v[:d.max_train_tokens if s == "train" else
+                             d.max_eval_tokens or len(v)]
+                        for s, v in self.split_ids.items()}
+    for name in ("batch_size", "bptt", "eval_batch_size", "eval_bptt"):
+      if not isinstance(d[name], int) or d[name] < 1:
+        raise ConfigError(f"data.{name} must be an int >= 1, got {d[name]!r}")
+    V = len(self.vocab)
+    embedding_table = None
+    self._setup_model(build_model(config.model, lambda cells: LanguageModel(
+        cells=cells, vocab_size=V, tie_embedding=config.model.tie_embedding,
+        tie_projection=config.model.tie_projection,
+        **trunk_kwargs(config.model))), config)
+    self.bits = d.corpus.startswith(("ptb_char", "tinyshakespeare"))
+    pad_to = (d.pad_to or d.bptt + 25) if d.variable_bptt else None
+    try:
+      self.batcher = batching.StreamBatcher(
+          self.split_ids["train"], d.batch_size, d.bptt,
+          variable=bool(d.variable_bptt), seed=d.seed, pad_to=pad_to)
+    except ValueError as e:
+      raise ConfigError(f"data: {e}") from None
+    self._eval_step = jax.jit(self._eval_nll)
+
+  # ---------------------------------------------------------------- text
+  def encode_text(self, text: str) -> np.ndarray:
+    symbols = corpora.corpus(self.data_cfg.corpus).symbols(text)
+    return np.asarray([self.vocab.id(s, where="text") for s in symbols],
+                      np.int32)
+
+  # ---------------------------------------------------------------- train
+  def num_train_batches(self):
+    return None if self.batcher.variable else len(self.batcher)
+
+  def train_batches(self, epoch, position):
+    state = self.batcher.get_state()
+    state.update(epoch=epoch, position=0, step=0)
+    if position:
+      state.update(position=position["position"], step=position["step"])
+    self.batcher.set_state(state)
+    first = position is None
+    for b in self.batcher:
+      yield ({"inputs": b.inputs, "targets": b.targets, "lengths": b.lengths,
+              "lr_scale": np.float32(b.lr_scale),
+              "reset": np.bool_(first)},
+             {k: self.batcher.get_state()[k] for k in ("position", "step")})
+      first = False
+
+  def init_carry(self, params):
+    return self.model.initial_carries(params, self.data_cfg.batch_size)
+
+  def loss(self, params, carry, batch, rng, temperature, train):
+    init = self.model.initial_carries(params, self.data_cfg.batch_size)
+    carry = jax.tree_util.tree_map(
+        lambda i, c: jnp.where(batch["reset"], i, c), init, carry)
+    logits, new_carry = self.apply(params, batch["inputs"], batch["lengths"],
+                                   carry, rng=rng if train else None,
+                                   temperature=temperature)
+    ce = optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), batch["targets"])
+    loss = masked_mean(ce, step_mask(batch["lengths"], ce.shape[1]))
+    return loss, (jax.lax.stop_gradient(new_carry), {})
+
+  # ---------------------------------------------------------------- eval
+  def eval_splits(self):
+    return ("valid", "test")
+
+  def _eval_nll(self, params, carry, inputs, targets, lengths, temperature):
+    logits, carry = self.apply(params, inputs, lengths, carry,
+                               temperature=temperature)
+    ce = optax.softmax_cross_entropy_with_integer_labels(
+        logits.astype(jnp.float32), targets)
+    mask = step_mask(lengths, ce.shape[1])
+    return carry, jnp.sum(ce * mask), jnp.sum(mask), ce
+
+  def token_losses(self, params, split, temperature):
+    """Yields (inputs, targets, lengths, per-token nll [B, T]) over a split
+    streamed in eval_batch_size streams (for frequency-binned analyses)."""
+    d = self.data_cfg
+    b = batching.StreamBatcher(self.split_ids[split], d.eval_batch_size,
+                               d.eval_bptt, pad_to=d.eval_bptt)
+    carry = self.model.initial_carries(params, d.eval_batch_size)
+    for batch in b:
+      carry, _, _, ce = self._eval_step(params, carry, batch.inputs,
+                                        batch.targets, batch.lengths,
+                                        jnp.float32(temperature))
+      yield batch.inputs, batch.targets, batch.lengths, np.asarray(ce)
+
+  def evaluate(self, params, split, temperature):
+    nll, count = 0.0, 0
+    for _, _, lengths, ce in self.token_losses(params, split, temperature):
+      mask = np.arange(ce.shape[1])[None] < lengths[:, None]
+      nll += float(np.sum(ce * mask))
+      count += int(mask.sum())
+    if count == 0:
+      raise ConfigError(f"data: split {split!r} has no tokens to evaluate")
+    loss = nll / count
+    out = {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
+    if self.bits:
+      out["bits_per_char"] = loss / math.log(2)
+    return out
