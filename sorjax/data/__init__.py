@@ -3,7 +3,9 @@
 Submodules: `dyck` (Dyck-(k,m) PDFA and oracle), `pcfg` (Dyck-2 PCFG),
 `keyword_trees` (Le & Zuidema's keyword task), `markov` (bigram-resampled
 control corpus), `synthetic` (all four), `tokenize`, `vocab`, `batching`,
-`corpora` (offline TFDS corpora, `load_corpus`).
+`corpora` (offline TFDS corpora, `load_corpus`), `builders` (the TFDS
+builders of datasets/; both import tensorflow_datasets, so they are not
+imported here: `from sorjax.data.corpora import load_corpus`).
 """
 
 from sorjax.data import batching, dyck, keyword_trees, markov, pcfg, \

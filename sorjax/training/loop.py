@@ -95,17 +95,18 @@ class Trainer:
 
   def _shard_batch(self, batch):
     n = len(self.devices)
+    replicated = set(getattr(self.task, "replicated_keys", ()))
 
-    def put(a):
+    def put(k, a):
       a = np.asarray(a)
-      if a.ndim == 0 or n == 1:
+      if a.ndim == 0 or n == 1 or k in replicated:
         return jax.device_put(a, NamedSharding(self.mesh, P()))
       if a.shape[0] % n:
         raise ValueError(
             f"batch axis {a.shape[0]} is not divisible by the {n} devices "
             "(set the batch size to a multiple of jax.local_device_count())")
       return jax.device_put(a, NamedSharding(self.mesh, P("data")))
-    return {k: put(v) for k, v in batch.items()}
+    return {k: put(k, v) for k, v in batch.items()}
 
   # ------------------------------------------------------------ step
   def _build_step(self):

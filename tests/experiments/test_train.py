@@ -119,3 +119,12 @@ def test_lm_task_trains_with_tbptt_and_restores(tmp_path, shared_data,
   lp = run.log_probs("the company said")
   assert lp.shape == (3, 10_000)
   np.testing.assert_allclose(np.exp(lp).sum(-1), 1.0, rtol=1e-5)
+
+
+def test_trees_task_runs_a_keyword_experiment(tmp_path):
+  from tests.experiments import tiny_trees
+  state = train.train_and_evaluate(tiny_trees.get_config(), str(tmp_path))
+  dev = read_metrics(str(tmp_path), "dev")
+  assert len(dev) == 2 and 0.0 <= dev[-1]["accuracy"] <= 1.0
+  assert np.isfinite(dev[-1]["loss"])
+  assert int(state.step[0]) == 2 * (200 // 20)
