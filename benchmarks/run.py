@@ -1,0 +1,883 @@
+"""Benchmark driver: paired, interleaved throughput and memory of every cell.
+
+    python -m benchmarks.run                 # full grid (an hour or more here)
+    python -m benchmarks.run --quick         # the targets, a few minutes
+    python -m benchmarks.run --sections lstm,dyck --rounds 7
+
+This process imports neither jax nor torch. Each framework runs in its own
+worker process (`benchmarks.jax_worker`, `benchmarks.torch_worker`; importing
+jax after torch had set up its threads slowed torch.nn.LSTM ~24x in one
+process). A *group* is a set of contenders measured together: each is
+compiled and warmed up, then timed in R rounds, the order rotating every
+round (A B C, B C A, ...), each timing long enough (`--min-round-seconds`).
+Throughput is the median over rounds; a ratio between two contenders is the
+median of their per-round ratios, so load that drifts during a group
+cancels. Every group also times a 2048^3 f32 matmul in XLA and in torch: the
+roofline of a round is the faster of the two, and "% roofline" is a cell's
+matmul FLOP/s (benchmarks.flops) over it, paired by round.
+
+A training step is forward + backward through time to every parameter,
+given a fixed random cotangent of the outputs (no loss head). Peak memory:
+XLA's `memory_analysis()` of the compiled step for JAX contenders; the rise
+of the resident high-water mark for torch (see torch_worker). Both include
+parameters, inputs and gradients.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import datetime
+import importlib.util
+import json
+import os
+import platform
+import queue
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any, Callable, Iterable
+
+from benchmarks import flops, specs
+
+ROOT = Path(__file__).resolve().parent.parent
+SECTIONS = ("lstm", "cells", "dyck", "scaling", "remat", "unroll", "trees",
+            "gpu")
+
+
+# ------------------------------------------------------------------ profiles
+
+@dataclasses.dataclass(frozen=True)
+class Profile:
+  """Sizes and effort of a run."""
+  lstm_shapes: tuple
+  cell_shapes: tuple
+  cells: tuple
+  dyck_shape: tuple
+  replicas: int
+  scaling: dict            # axis -> ((B, T, H), ...)
+  scaling_cells: tuple
+  remat_shape: tuple
+  remat_cells: tuple
+  unroll_shapes: tuple     # ((B, T, H), cells)
+  unroll_factors: tuple
+  dyck_variants: tuple     # option dicts of sorjax lstm in the Dyck regime
+  replica_unrolls: tuple   # unroll factors of the replica comparison
+  tree: dict               # B, H, min_leaves, max_leaves
+  rounds: int
+  min_round_s: float
+  matmul_n: int
+  naive_max_step_s: float
+  timeout_s: float
+
+
+_ALL = tuple(n for n in (
+    "rnn", "gru", "lstm", "mts_lstm", "tensor_rnn", "general2", "mrnn",
+    "mi_rnn", "mlstm", "attention_lstm", "assignment_lstm", "mm_rnn",
+    "mm_lstm", "dyck_rnn"))
+
+PROFILES = {
+    "full": Profile(
+        lstm_shapes=specs.SHAPES, cell_shapes=specs.SHAPES,
+        cells=tuple(n for n in _ALL if n != "lstm"),
+        dyck_shape=specs.DYCK_SHAPE, replicas=specs.DYCK_REPLICAS,
+        scaling={"T": ((32, 100, 256), (32, 300, 256), (32, 1000, 256)),
+                 "H": ((32, 100, 128), (32, 100, 256), (32, 100, 512),
+                       (32, 100, 1024)),
+                 "B": ((8, 100, 256), (32, 100, 256), (128, 100, 256))},
+        scaling_cells=("lstm", "mrnn", "mm_rnn"),
+        remat_shape=(32, 200, 512),
+        remat_cells=("lstm", "mrnn", "mlstm", "attention_lstm", "mm_rnn",
+                     "mm_lstm"),
+        unroll_shapes=(((32, 100, 256), ("lstm", "mrnn", "mm_rnn")),
+                       (specs.DYCK_SHAPE, ("lstm", "mrnn", "mm_rnn"))),
+        unroll_factors=(1, 2, 4, 8),
+        dyck_variants=({}, {"unroll": 8}, {"hoist": False, "unroll": 8}),
+        replica_unrolls=(1, 8),
+        tree=dict(B=32, H=256, min_leaves=10, max_leaves=40),
+        rounds=5, min_round_s=0.5, matmul_n=2048, naive_max_step_s=8.0,
+        timeout_s=1800.0),
+    "quick": Profile(
+        lstm_shapes=specs.SHAPES, cell_shapes=((64, 100, 512),),
+        cells=specs.TARGET_CELLS,
+        dyck_shape=specs.DYCK_SHAPE, replicas=specs.DYCK_REPLICAS,
+        scaling={"T": ((32, 100, 256), (32, 1000, 256))},
+        scaling_cells=("lstm", "mrnn"),
+        remat_shape=(32, 200, 512), remat_cells=("lstm", "mrnn"),
+        unroll_shapes=((specs.DYCK_SHAPE, ("lstm",)),),
+        unroll_factors=(1, 4, 8),
+        dyck_variants=({}, {"unroll": 8}, {"hoist": False, "unroll": 8}),
+        replica_unrolls=(1, 8),
+        tree=dict(B=32, H=256, min_leaves=10, max_leaves=40),
+        rounds=3, min_round_s=0.3, matmul_n=2048, naive_max_step_s=3.0,
+        timeout_s=900.0),
+    "smoke": Profile(  # the test suite's run: seconds, every code path
+        lstm_shapes=((2, 5, 8),), cell_shapes=((2, 5, 8),),
+        cells=("mrnn", "mm_rnn", "attention_lstm"),
+        dyck_shape=(2, 6, 4), replicas=3,
+        scaling={"T": ((2, 5, 8), (2, 10, 8))}, scaling_cells=("lstm",),
+        remat_shape=(2, 5, 8), remat_cells=("mrnn",),
+        unroll_shapes=(((2, 5, 8), ("lstm",)),), unroll_factors=(1, 2),
+        dyck_variants=({},), replica_unrolls=(1,),
+        tree=dict(B=2, H=8, min_leaves=3, max_leaves=6),
+        rounds=2, min_round_s=0.0, matmul_n=64, naive_max_step_s=5.0,
+        timeout_s=300.0),
+}
+
+
+# ------------------------------------------------------------------ workers
+
+class WorkerError(RuntimeError):
+  pass
+
+
+class Worker:
+  """One framework's worker process, started on first use, restarted if it
+  dies (e.g. killed for memory) or times out."""
+
+  def __init__(self, module: str, log_path: Path):
+    self.module, self.log_path = module, log_path
+    self.proc: subprocess.Popen | None = None
+    self.lines: queue.Queue = queue.Queue()
+
+  def _start(self):
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
+                       if p])
+    log = open(self.log_path, "a")
+    self.proc = subprocess.Popen(
+        [sys.executable, "-m", self.module], cwd=ROOT, env=env, text=True,
+        stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=log, bufsize=1)
+    log.close()
+    self.lines = queue.Queue()
+    threading.Thread(target=self._pump, args=(self.proc, self.lines),
+                     daemon=True).start()
+
+  @staticmethod
+  def _pump(proc, lines):
+    for line in proc.stdout:
+      lines.put(line)
+    lines.put(None)  # EOF: the worker died
+
+  def request(self, timeout: float, **msg) -> dict:
+    if self.proc is None or self.proc.poll() is not None:
+      self._start()
+    try:
+      self.proc.stdin.write(json.dumps(msg) + "\n")
+      self.proc.stdin.flush()
+      line = self.lines.get(timeout=timeout)
+    except queue.Empty:
+      self.kill()
+      raise WorkerError(f"{self.module}: no answer in {timeout:.0f} s") from None
+    except (BrokenPipeError, OSError):
+      line = None
+    if line is None:
+      code = self.proc.wait()
+      self.proc = None
+      raise WorkerError(f"{self.module} exited with code {code} (see "
+                        f"{self.log_path})")
+    return json.loads(line)
+
+  def kill(self):
+    if self.proc is not None:
+      self.proc.kill()  # our own child, by its handle
+      self.proc.wait()
+      self.proc = None
+
+  def close(self):
+    if self.proc is not None and self.proc.poll() is None:
+      try:
+        self.proc.stdin.write('{"cmd": "quit"}\n')
+        self.proc.stdin.flush()
+        self.proc.wait(timeout=30)
+      except (OSError, subprocess.TimeoutExpired):
+        self.kill()
+    self.proc = None
+
+
+# ------------------------------------------------------------------ contenders
+
+@dataclasses.dataclass
+class Contender:
+  key: str
+  spec: dict
+  framework: str                 # "jax" or "torch"
+  flops_per_token: float | None = None
+  # filled by measurement
+  info: dict = dataclasses.field(default_factory=dict)
+  rates: list = dataclasses.field(default_factory=list)    # per round, or None
+  error: str | None = None
+
+  @property
+  def label(self) -> str:
+    return specs.label(self.spec)
+
+  @property
+  def rate(self) -> float | None:
+    r = [x for x in self.rates if x is not None]
+    return statistics.median(r) if r else None
+
+  @property
+  def peak_mb(self) -> float | None:
+    b = self.info.get("peak_bytes")
+    return None if b is None else b / 2 ** 20
+
+
+def cell_spec(impl: str, cell: str, B: int, T: int, H: int, **opts) -> dict:
+  hp = specs.cell_hparams(cell, H)
+  hp.update(opts.pop("hparams", {}))
+  return dict(impl=impl, cell=cell, hparams=hp, B=B, T=T,
+              D=specs.input_size(cell, H), **opts)
+
+
+def sorjax(cell, B, T, H, key=None, **opts) -> Contender:
+  spec = cell_spec("sorjax", cell, B, T, H, **opts)
+  return Contender(key or specs.label(spec), spec, "jax",
+                   flops.train_flops(cell, spec["hparams"], spec["D"]))
+
+
+def naive(cell, B, T, H, profile, budget, **opts) -> Contender:
+  spec = cell_spec("naive", cell, B, T, H, mem_budget=budget,
+                   max_step_s=profile.naive_max_step_s, **opts)
+  return Contender(specs.label(spec), spec, "jax")
+
+
+def torch_loop(cell, B, T, H) -> Contender:
+  spec = cell_spec("torch_loop", cell, B, T, H)
+  return Contender(specs.label(spec), spec, "torch",
+                   flops.train_flops(cell, spec["hparams"], spec["D"]))
+
+
+def lstm_peer(impl, B, T, H, framework, **opts) -> Contender:
+  spec = dict(impl=impl, B=B, T=T, D=H, H=H, **opts)
+  return Contender(specs.label(spec), spec, framework,
+                   flops.train_flops("lstm", {"hidden_size": H}, H))
+
+
+def matmuls(n: int, torch_ok: bool) -> list[Contender]:
+  out = [Contender(f"matmul-jax", dict(impl="matmul", framework="jax", n=n),
+                   "jax", flops.matmul_flops(n))]
+  if torch_ok:
+    out.append(Contender(f"matmul-torch",
+                         dict(impl="matmul", framework="torch", n=n),
+                         "torch", flops.matmul_flops(n)))
+  return out
+
+
+# ------------------------------------------------------------------ measuring
+
+class Bench:
+  def __init__(self, args, profile: Profile, torch_ok: bool, log: Path):
+    self.args, self.profile, self.torch_ok = args, profile, torch_ok
+    self.workers = {"jax": Worker("benchmarks.jax_worker", log),
+                    "torch": Worker("benchmarks.torch_worker", log)}
+    self.log = log
+    self.counter = 0
+    self.raw: list[dict] = []
+
+  def close(self):
+    for w in self.workers.values():
+      w.close()
+
+  def _call(self, c: Contender, timeout: float, **msg) -> dict | None:
+    try:
+      rep = self.workers[c.framework].request(timeout, **msg)
+    except WorkerError as e:
+      c.error = str(e)
+      return None
+    if not rep.get("ok"):
+      c.error = rep.get("error", "failed")
+      return None
+    return rep
+
+  def group(self, contenders: list[Contender], roofline: bool = True
+            ) -> "Group":
+    """Prepares, times in rotating rounds, measures torch memory, releases."""
+    p = self.profile
+    mm = matmuls(p.matmul_n, self.torch_ok) if roofline else []
+    todo = [c for c in contenders
+            if not (c.framework == "torch" and not self.torch_ok)]
+    for c in contenders:
+      if c.framework == "torch" and not self.torch_ok:
+        c.error = "skipped: torch not installed (pip install -e '.[bench]')"
+    live, iters = [], {}
+    for c in mm + todo:
+      self.counter += 1
+      c.info["id"] = f"c{self.counter}"
+      rep = self._call(c, p.timeout_s, cmd="prepare", id=c.info["id"],
+                       spec=c.spec)
+      if rep is None:
+        _note(f"  ! {c.label}: {c.error}")
+        continue
+      c.info.update(rep)
+      iters[c.key] = max(1, round(p.min_round_s / max(rep["step_s"], 1e-6)))
+      live.append(c)
+    for r in range(p.rounds):
+      k = r % max(len(live), 1)
+      for c in live[k:] + live[:k]:
+        rep = self._call(c, p.timeout_s, cmd="time", id=c.info["id"],
+                         n=iters[c.key])
+        c.rates.append(None if rep is None else
+                       c.info["tokens_per_step"] * iters[c.key]
+                       / rep["seconds"])
+    for c in live:
+      self._call(c, 60, cmd="release", id=c.info["id"])
+    if self.args.torch_memory:
+      for c in live:
+        if c.framework == "torch" and c.spec["impl"] != "matmul":
+          c.info["peak_bytes"] = torch_memory(c.spec, p.timeout_s)
+    g = Group(mm, contenders)
+    self.raw.append(g.as_json())
+    return g
+
+
+def torch_memory(spec: dict, timeout: float) -> int | None:
+  env = dict(os.environ, MALLOC_MMAP_THRESHOLD_="65536")
+  env["PYTHONPATH"] = os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])
+  try:
+    out = subprocess.run(
+        [sys.executable, "-m", "benchmarks.torch_worker", "--memory",
+         json.dumps(spec)], cwd=ROOT, env=env, capture_output=True,
+        text=True, timeout=timeout)
+    rep = json.loads(out.stdout.strip().splitlines()[-1])
+  except (subprocess.TimeoutExpired, ValueError, IndexError):
+    return None
+  return rep.get("peak_bytes") if rep.get("ok") else None
+
+
+def _paired(a: list, b: list) -> list[float]:
+  return [x / y for x, y in zip(a, b) if x is not None and y]
+
+
+class Group:
+  """Measured contenders of one group and the paired statistics."""
+
+  def __init__(self, rooflines: list[Contender], contenders: list[Contender]):
+    self.rooflines, self.contenders = rooflines, contenders
+    rounds = max([len(c.rates) for c in rooflines] or [0])
+    self.roof = []  # FLOP/s of each round: the faster matmul
+    for r in range(rounds):
+      v = [c.rates[r] * c.flops_per_token for c in rooflines
+           if len(c.rates) > r and c.rates[r] is not None]
+      self.roof.append(max(v) if v else None)
+
+  def roof_gflops(self) -> dict[str, float | None]:
+    out = {"roofline": _med(self.roof)}
+    for c in self.rooflines:
+      out[c.spec["framework"]] = (None if c.rate is None
+                                  else c.rate * c.flops_per_token)
+    return {k: None if v is None else v / 1e9 for k, v in out.items()}
+
+  def ratio(self, a: Contender, b: Contender) -> float | None:
+    return _med(_paired(a.rates, b.rates))
+
+  def fraction(self, c: Contender) -> float | None:
+    if not c.flops_per_token or not self.roof:
+      return None
+    return _med([x * c.flops_per_token / y
+                 for x, y in zip(c.rates, self.roof) if x is not None and y])
+
+  def as_json(self) -> dict:
+    return {"roofline_gflops": self.roof_gflops(),
+            "contenders": [dict(label=c.label, spec=c.spec, rates=c.rates,
+                                info=c.info, error=c.error,
+                                fraction=self.fraction(c))
+                           for c in self.contenders]}
+
+
+def _med(v: Iterable) -> float | None:
+  v = [x for x in v if x is not None]
+  return statistics.median(v) if v else None
+
+
+# ------------------------------------------------------------------ formatting
+
+def f_rate(c: Contender) -> str:
+  if c.error and c.rate is None:
+    return "skipped" if c.error.startswith("skipped") else "error"
+  r = c.rate
+  if r is None:
+    return "-"
+  return f"{r / 1e3:,.1f}k" if r >= 1e4 else f"{r:,.0f}"
+
+
+def f_x(v: float | None) -> str:
+  return "-" if v is None else f"{v:.2f}x"
+
+
+def f_pct(v: float | None) -> str:
+  return "-" if v is None else f"{100 * v:.0f}%"
+
+
+def f_mb(v: float | None) -> str:
+  if v is None:
+    return "-"
+  if v < 1:
+    return f"{v * 1024:.0f} kB"
+  return f"{v / 1024:.1f} GB" if v >= 1024 else f"{v:.1f} MB"
+
+
+def table(header: list[str], rows: list[list[str]]) -> str:
+  out = ["| " + " | ".join(header) + " |",
+         "|" + "|".join("---" for _ in header) + "|"]
+  out += ["| " + " | ".join(r) + " |" for r in rows]
+  return "\n".join(out)
+
+
+def roof_line(g: Group) -> str:
+  r = g.roof_gflops()
+  parts = [f"{k} {v:.0f}" for k, v in r.items()
+           if k != "roofline" and v is not None]
+  if r["roofline"] is None:
+    return "roofline: not measured"
+  return (f"Roofline {r['roofline']:.0f} GFLOP/s: per round the faster "
+          f"f32 matmul, median over rounds ({', '.join(parts)} GFLOP/s).")
+
+
+def _note(s: str):
+  print(s, file=sys.stderr, flush=True)
+
+
+def errors(cs: Iterable[Contender]) -> list[str]:
+  return [f"- {c.label}: {c.error}" for c in cs
+          if c.error and not c.error.startswith("skipped")]
+
+
+# ------------------------------------------------------------------ sections
+
+@dataclasses.dataclass
+class Report:
+  parts: list = dataclasses.field(default_factory=list)
+  targets: list = dataclasses.field(default_factory=list)  # (text, ok, value)
+
+  def add(self, text: str):
+    self.parts.append(text)
+    print(text + "\n", flush=True)
+
+  def target(self, text: str, ok: bool | None, value: str):
+    self.targets.append((text, ok, value))
+
+
+def _shape(s) -> str:
+  return f"B={s[0]} T={s[1]} H={s[2]}"
+
+
+def section_lstm(b: Bench, rep: Report):
+  rep.add("## LSTM against torch.nn.LSTM and flax\n\nD = H, f32, "
+          "forward + backward through time.")
+  fast, flax_ok = [], []
+  for (B, T, H) in b.profile.lstm_shapes:
+    torch_c = lstm_peer("torch_lstm", B, T, H, "torch")
+    flax_c = lstm_peer("flax_lstm", B, T, H, "jax")
+    ours = sorjax("lstm", B, T, H)
+    unhoisted = sorjax("lstm", B, T, H, hoist=False)
+    cs = [torch_c, flax_c, ours, unhoisted]
+    g = b.group(cs)
+    rows = [[c.label, f_rate(c), f_pct(g.fraction(c)),
+             f_x(g.ratio(c, torch_c)), f_x(g.ratio(c, flax_c)),
+             f_mb(c.peak_mb)] for c in cs]
+    rep.add(f"### {_shape((B, T, H))}\n\n{roof_line(g)}\n\n" + table(
+        ["implementation", "tokens/s", "% roofline", "vs torch.nn.LSTM",
+         "vs flax", "peak memory"], rows) + _errs(cs))
+    best = max([ours, unhoisted], key=lambda c: c.rate or 0)
+    fast.append((B, T, H, g.ratio(ours, torch_c), g.ratio(best, torch_c),
+                 best))
+    flax_ok.append((B, T, H, g.ratio(ours, flax_c)))
+  for B, T, H, r, rb, best in fast:
+    rep.target(f"lstm >= 1.0x torch.nn.LSTM at {_shape((B, T, H))}",
+               None if r is None else r >= 1.0,
+               f"{f_x(r)} (best variant {best.label}: {f_x(rb)})")
+  for B, T, H, r in flax_ok:
+    rep.target(f"lstm >= 1.3x flax OptimizedLSTMCell at {_shape((B, T, H))}",
+               None if r is None else r >= 1.3, f_x(r))
+
+
+def _errs(cs) -> str:
+  e = errors(cs)
+  return ("\n\nErrors:\n" + "\n".join(e)) if e else ""
+
+
+def section_cells(b: Bench, rep: Report):
+  rep.add("## Every cell: factored (sorjax) vs naive materialised W_hh(t) vs "
+          "a torch Python loop\n\nD = H (tensor_rnn: D = "
+          f"{specs.TENSOR_RNN_INPUT}). Hyperparameters: M = H; S = 2 cells; "
+          "K = 4 matrices (mm_lstm 4, 4, 2, 2). 'vs' columns are paired "
+          "speed ratios (>1: sorjax faster); 'naive mem' is the naive "
+          "form's peak over sorjax's. Naive forms that need more than the "
+          "memory budget, or more than a few seconds a step, are timed at a "
+          "shorter T (column 'naive T'; tokens/s of the naive form is flat "
+          "in T) while their memory is XLA's figure at the full T.")
+  budget = int(b.args.mem_budget_gb * 2 ** 30)
+  for (B, T, H) in b.profile.cell_shapes:
+    rows, all_cs = [], []
+    groups = []
+    for name in b.profile.cells:
+      variants = [{}]
+      if name == "attention_lstm":
+        variants.append({"hparams": {"mix": "gates"}})
+      for v in variants:
+        ours = sorjax(name, B, T, H, **json.loads(json.dumps(v)))
+        cs = [ours]
+        nv = None
+        mix_states = (name == "attention_lstm"
+                      and ours.spec["hparams"].get("mix", "states") == "states")
+        if name in specs.SECOND_ORDER and not mix_states:
+          nv = naive(name, B, T, H, b.profile, budget, **json.loads(json.dumps(v)))
+          cs.append(nv)
+        loop = None
+        if name in specs.TORCH_LOOP and not v:
+          loop = torch_loop(name, B, T, H)
+          cs.append(loop)
+        g = b.group(cs)
+        groups.append((name, g, ours, nv, loop))
+        all_cs += cs
+        mem_ratio = (None if nv is None or not nv.peak_mb or not ours.peak_mb
+                     else nv.peak_mb / ours.peak_mb)
+        rows.append([
+            ours.label.replace("sorjax ", ""),
+            flops.fmt_flops(ours.flops_per_token), f_rate(ours),
+            f_pct(g.fraction(ours)),
+            "-" if nv is None else f_x(g.ratio(ours, nv)),
+            "-" if mem_ratio is None else f"{mem_ratio:.1f}x",
+            "-" if loop is None else f_x(g.ratio(ours, loop)),
+            f_mb(ours.peak_mb),
+            "-" if nv is None else f_rate(nv),
+            "-" if nv is None else str(nv.info.get("measured_T", "-")),
+            "-" if nv is None else f_mb(nv.peak_mb),
+            "-" if loop is None else f_rate(loop),
+            "-" if loop is None else f_mb(loop.peak_mb),
+            f"{g.roof_gflops()['roofline'] or 0:.0f}"])
+        if H == 512 and name in specs.TARGET_CELLS:
+          _cell_targets(rep, name, ours, nv, loop, g, mem_ratio, v)
+    rep.add(f"### {_shape((B, T, H))}\n\n" + table(
+        ["cell", "FLOP/token", "tokens/s", "% roofline", "vs naive",
+         "naive mem", "vs torch loop", "peak memory", "naive tokens/s",
+         "naive T", "naive peak", "torch loop tokens/s", "torch loop peak",
+         "roofline GFLOP/s"], rows) + _errs(all_cs))
+
+
+def _cell_targets(rep, name, ours, nv, loop, g, mem_ratio, variant):
+  tag = name + (" [mix=gates]" if variant else "")
+  if not variant:
+    f = g.fraction(ours)
+    rep.target(f"{tag} >= 70% of roofline at H=512",
+               None if f is None else f >= 0.7, f_pct(f))
+    if loop is not None:
+      r = g.ratio(ours, loop)
+      rep.target(f"{tag} >= 2x torch Python loop at H=512",
+                 None if r is None else r >= 2.0, f_x(r))
+  if nv is not None:
+    r = g.ratio(ours, nv)
+    rep.target(f"{tag} >= 10x its naive form at H=512",
+               None if r is None else r >= 10.0,
+               f"{f_x(r)} (naive timed at T={nv.info.get('measured_T')})")
+    rep.target(f"{tag} <= 1/10 of the naive form's memory at H=512",
+               None if mem_ratio is None else mem_ratio >= 10.0,
+               "-" if mem_ratio is None else f"1/{mem_ratio:.0f}")
+
+
+def section_dyck(b: Bench, rep: Report):
+  B, T, H = b.profile.dyck_shape
+  R = b.profile.replicas
+  rep.add(f"## Small-model regime of the Dyck experiments ({_shape((B, T, H))}, "
+          "D = H)")
+  torch_c = lstm_peer("torch_lstm", B, T, H, "torch")
+  flax_c = lstm_peer("flax_lstm", B, T, H, "jax")
+  ours = [sorjax("lstm", B, T, H, **v) for v in b.profile.dyck_variants]
+  cs = [torch_c, flax_c] + ours
+  g = b.group(cs, roofline=False)
+  rows = [[c.label, f_rate(c), f_x(g.ratio(c, torch_c)), f_mb(c.peak_mb)]
+          for c in cs]
+  rep.add(table(["implementation", "tokens/s", "vs torch.nn.LSTM",
+                 "peak memory"], rows) + _errs(cs))
+  r1 = g.ratio(ours[0], torch_c)
+  best = max(ours, key=lambda c: c.rate or 0)
+  rep.target(f"lstm (defaults) >= 1.5x torch.nn.LSTM at {_shape((B, T, H))}",
+             None if r1 is None else r1 >= 1.5,
+             f"{f_x(r1)} (best variant {best.label}: "
+             f"{f_x(g.ratio(best, torch_c))})")
+
+  # Replicas: one Adam step of R models at once vs one model.
+  pairs = [(sorjax("lstm", B, T, H, optimizer="adam", unroll=u),
+            sorjax("lstm", B, T, H, optimizer="adam", replicas=R, unroll=u))
+           for u in b.profile.replica_unrolls]
+  cs = [c for p in pairs for c in p]
+  g = b.group(cs, roofline=False)
+
+  def time_ratio(x, y):  # step time of y over x's: R tokens per token of x
+    r = g.ratio(x, y)
+    return None if r is None else r * R
+
+  rows = []
+  for single, vm in pairs:
+    for c in (single, vm):
+      step_ms = (None if c.rate is None else
+                 1e3 * c.info["tokens_per_step"] / c.rate)
+      rows.append([c.label, f_rate(c),
+                   "-" if step_ms is None else f"{step_ms:.2f}",
+                   f_x(time_ratio(single, c)) if c is vm else "1.00x",
+                   f_mb(c.peak_mb)])
+  rep.add(f"### {R} replicas trained at once (vmap), one Adam step\n\n" + table(
+      ["step", "tokens/s (all replicas)", "ms/step", "time vs one model",
+       "peak memory"], rows) + _errs(cs))
+  trs = [time_ratio(*p) for p in pairs]
+  rep.target(f"{R} vmapped replicas in <= 3x the time of one "
+             f"({_shape((B, T, H))})",
+             None if trs[0] is None else trs[0] <= 3.0,
+             f_x(trs[0]) + "".join(f" (unroll={u}: {f_x(t)})" for u, t in
+                                  zip(b.profile.replica_unrolls[1:], trs[1:])))
+
+
+def section_scaling(b: Bench, rep: Report):
+  rep.add("## Scaling with T, H and B\n\nsorjax cells and torch.nn.LSTM; "
+          "tokens/s, fraction of the roofline and peak memory.")
+  for axis, shapes in b.profile.scaling.items():
+    rows, all_cs = [], []
+    for (B, T, H) in shapes:
+      cs = [lstm_peer("torch_lstm", B, T, H, "torch")]
+      cs += [sorjax(n, B, T, H) for n in b.profile.scaling_cells]
+      g = b.group(cs)
+      all_cs += cs
+      for c in cs:
+        rows.append([_shape((B, T, H)), c.label, f_rate(c),
+                     f_pct(g.fraction(c)), f_x(g.ratio(c, cs[0])),
+                     f_mb(c.peak_mb)])
+    rep.add(f"### {axis}\n\n" + table(
+        ["shape", "implementation", "tokens/s", "% roofline",
+         "vs torch.nn.LSTM", "peak memory"], rows) + _errs(all_cs))
+
+
+def section_remat(b: Bench, rep: Report):
+  B, T, H = b.profile.remat_shape
+  rep.add(f"## Rematerialisation (remat=True) at {_shape((B, T, H))}")
+  rows, all_cs = [], []
+  for name in b.profile.remat_cells:
+    off, on = sorjax(name, B, T, H), sorjax(name, B, T, H, remat=True)
+    g = b.group([off, on], roofline=False)
+    all_cs += [off, on]
+    mem = (None if not on.peak_mb or not off.peak_mb
+           else on.peak_mb / off.peak_mb)
+    rows.append([name, f_rate(off), f_rate(on), f_x(g.ratio(on, off)),
+                 f_mb(off.peak_mb), f_mb(on.peak_mb),
+                 "-" if mem is None else f"{mem:.2f}x"])
+  rep.add(table(["cell", "tokens/s", "tokens/s remat", "speed remat/plain",
+                 "peak", "peak remat", "memory remat/plain"], rows)
+          + _errs(all_cs))
+
+
+def section_unroll(b: Bench, rep: Report):
+  rep.add("## The lax.scan unroll factor")
+  for (B, T, H), names in b.profile.unroll_shapes:
+    rows, all_cs = [], []
+    for name in names:
+      cs = [sorjax(name, B, T, H, unroll=u) for u in b.profile.unroll_factors]
+      g = b.group(cs, roofline=False)
+      all_cs += cs
+      rows += [[name, str(c.spec["unroll"]), f_rate(c), f_x(g.ratio(c, cs[0])),
+                f"{c.info.get('compile_s', 0):.1f}"] for c in cs]
+    rep.add(f"### {_shape((B, T, H))}\n\n" + table(
+        ["cell", "unroll", "tokens/s", "vs unroll=1", "compile s"], rows)
+        + _errs(all_cs))
+
+
+def section_trees(b: Bench, rep: Report):
+  t = b.profile.tree
+  rep.add(f"## tree_lstm: level-scheduled vs node-by-node\n\n{t['B']} random "
+          f"binary trees of {t['min_leaves']}-{t['max_leaves']} leaves (split "
+          f"points uniform), H = {t['H']}; throughput in compositions "
+          "(internal nodes) per second, forward + backward.")
+  cs = [Contender(impl, dict(impl=impl, **t), "jax",
+                  flops.train_flops("tree_lstm", {"hidden_size": t["H"]},
+                                    t["H"]))
+        for impl in ("tree_level", "tree_node")]
+  g = b.group(cs)
+  rows = [[c.label, str(c.info.get("sequential_steps", "-")), f_rate(c),
+           f_pct(g.fraction(c)), f_x(g.ratio(c, cs[1])), f_mb(c.peak_mb)]
+          for c in cs]
+  rep.add(roof_line(g) + "\n\n" + table(
+      ["schedule", "sequential steps", "nodes/s", "% roofline",
+       "vs node-by-node", "peak memory"], rows) + _errs(cs))
+
+
+def section_gpu(b: Bench, rep: Report):
+  probe = Contender("probe", dict(impl="matmul", framework="jax", n=8), "jax")
+  rep_ = b._call(probe, b.profile.timeout_s, cmd="prepare", id="probe",
+                 spec=probe.spec)
+  plat = rep_.get("platform") if rep_ else None
+  if rep_:
+    b._call(probe, 60, cmd="release", id="probe")
+  if plat != "gpu":
+    rep.add(f"## GPU: jax.experimental.rnn (cuDNN) LSTM\n\nSkipped: the JAX "
+            f"platform is {plat or 'unknown'}, not gpu.")
+    return
+  rep.add("## GPU: jax.experimental.rnn (cuDNN) LSTM")
+  for (B, T, H) in b.profile.lstm_shapes:
+    cud = lstm_peer("cudnn_lstm", B, T, H, "jax")
+    cs = [cud, lstm_peer("flax_lstm", B, T, H, "jax"), sorjax("lstm", B, T, H),
+          sorjax("mrnn", B, T, H), sorjax("mm_rnn", B, T, H)]
+    g = b.group(cs, roofline=False)
+    rows = [[c.label, f_rate(c), f_x(g.ratio(c, cud)), f_mb(c.peak_mb)]
+            for c in cs]
+    rep.add(f"### {_shape((B, T, H))}\n\n" + table(
+        ["implementation", "tokens/s", "vs cuDNN", "peak memory"], rows)
+        + _errs(cs))
+
+
+RUNNERS: dict[str, Callable[[Bench, Report], None]] = {
+    "lstm": section_lstm, "cells": section_cells, "dyck": section_dyck,
+    "scaling": section_scaling, "remat": section_remat,
+    "unroll": section_unroll, "trees": section_trees, "gpu": section_gpu}
+
+
+# ------------------------------------------------------------------ main
+
+def loadavg() -> str:
+  try:
+    return " ".join(Path("/proc/loadavg").read_text().split()[:3])
+  except OSError:
+    return "n/a"
+
+
+def _versions(torch_ok: bool) -> str:
+  out = []
+  for mod in ("jax", "flax", "torch"):
+    if mod == "torch" and not torch_ok:
+      out.append("torch (not installed)")
+      continue
+    try:
+      from importlib.metadata import version
+      out.append(f"{mod} {version(mod)}")
+    except Exception:
+      out.append(f"{mod} ?")
+  return ", ".join(out)
+
+
+def _cpu() -> str:
+  try:
+    for line in Path("/proc/cpuinfo").read_text().splitlines():
+      if line.startswith("model name"):
+        return line.split(":", 1)[1].strip()
+  except OSError:
+    pass
+  return platform.processor() or "unknown CPU"
+
+
+def parse_args(argv=None):
+  ap = argparse.ArgumentParser(
+      prog="python -m benchmarks.run",
+      description="Paired, interleaved benchmarks of sorjax vs torch and flax.")
+  mode = ap.add_mutually_exclusive_group()
+  mode.add_argument("--quick", action="store_true",
+                    help="the targets only, a few minutes")
+  mode.add_argument("--smoke", action="store_true",
+                    help="tiny sizes, seconds (the test suite's run)")
+  ap.add_argument("--sections", default=",".join(SECTIONS),
+                  help=f"comma-separated subset of {','.join(SECTIONS)}")
+  ap.add_argument("--cells", default=None,
+                  help="comma-separated cells for the 'cells' section")
+  ap.add_argument("--rounds", type=int, default=None)
+  ap.add_argument("--min-round-seconds", type=float, default=None)
+  ap.add_argument("--mem-budget-gb", type=float, default=4.0,
+                  help="largest naive step to execute (default 4 GB)")
+  ap.add_argument("--no-torch", action="store_true",
+                  help="measure JAX contenders only")
+  ap.add_argument("--no-torch-memory", dest="torch_memory",
+                  action="store_false",
+                  help="skip the fresh-process torch memory measurements")
+  ap.add_argument("--out", default=None,
+                  help="markdown report (default benchmarks/RESULTS.md; "
+                       "'-' for none)")
+  ap.add_argument("--json", default=None, help="raw measurements as JSON")
+  args = ap.parse_args(argv)
+  sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+  bad = [s for s in sections if s not in SECTIONS]
+  if bad:
+    ap.error(f"--sections: unknown {bad}; choose from {','.join(SECTIONS)}")
+  args.section_list = sections
+  if args.cells is not None:
+    args.cells = [c.strip() for c in args.cells.split(",") if c.strip()]
+    unknown = [c for c in args.cells if c not in _ALL]
+    if unknown or not args.cells:
+      ap.error(f"--cells: unknown {unknown or args.cells}; choose from "
+               f"{','.join(_ALL)}")
+  return args
+
+
+def main(argv=None) -> int:
+  args = parse_args(argv)
+  name = "smoke" if args.smoke else "quick" if args.quick else "full"
+  profile = PROFILES[name]
+  over = {}
+  if args.rounds is not None:
+    if args.rounds < 1:
+      raise SystemExit("--rounds must be >= 1")
+    over["rounds"] = args.rounds
+  if args.min_round_seconds is not None:
+    over["min_round_s"] = args.min_round_seconds
+  if args.cells:
+    over["cells"] = tuple(args.cells)
+  profile = dataclasses.replace(profile, **over)
+  torch_ok = (not args.no_torch
+              and importlib.util.find_spec("torch") is not None)
+  out = (ROOT / "benchmarks" / "RESULTS.md" if args.out is None
+         else None if args.out == "-" else Path(args.out))
+  log = Path(os.environ.get("TMPDIR", "/tmp")) / f"sorjax-bench-{os.getpid()}.log"
+
+  cmd = "python -m benchmarks.run" + ("" if argv is None and len(sys.argv) < 2
+                                      else " " + " ".join(
+                                          sys.argv[1:] if argv is None else argv))
+  started = datetime.datetime.now().astimezone()
+  load0 = loadavg()
+  head = (f"# sorjax benchmarks ({name})\n\n"
+          f"- command: `{cmd}`\n"
+          f"- date: {started:%Y-%m-%d %H:%M %Z}\n"
+          f"- machine: {_cpu()}, {os.cpu_count()} cores; {_versions(torch_ok)}\n"
+          f"- load average (1, 5, 15 min) at start: {load0}\n"
+          f"- rounds per group: {profile.rounds} (order rotating), >= "
+          f"{profile.min_round_s} s per timing; medians; ratios are medians "
+          f"of per-round ratios\n"
+          f"- worker log: {log}")
+  rep = Report()
+  rep.add(head)
+  bench = Bench(args, profile, torch_ok, log)
+  t0 = time.perf_counter()
+  try:
+    for s in args.section_list:
+      _note(f"[{time.perf_counter() - t0:7.1f}s] section {s} "
+            f"(load {loadavg()})")
+      RUNNERS[s](bench, rep)
+      _write(out, rep, args, bench, load0, started, t0, final=False)
+  finally:
+    bench.close()
+  _write(out, rep, args, bench, load0, started, t0, final=True)
+  return 0
+
+
+def targets_text(rep: Report) -> str:
+  if not rep.targets:
+    return ""
+  rows = [[t, "met" if ok else "NOT met" if ok is not None else "n/a", v]
+          for t, ok, v in rep.targets]
+  return "## Targets\n\n" + table(["target", "status", "measured"], rows)
+
+
+def _write(out, rep, args, bench, load0, started, t0, final):
+  tail = (f"\n\n---\nLoad average at end: {loadavg()} (start: {load0}); "
+          f"wall time {time.perf_counter() - t0:.0f} s."
+          if final else "\n\n---\n(partial: run in progress)")
+  text = "\n\n".join(rep.parts[:1] + [targets_text(rep)] + rep.parts[1:]) + tail
+  if final:
+    print(targets_text(rep) + tail, flush=True)
+  if out is not None:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(text + "\n")
+  if args.json:
+    Path(args.json).write_text(json.dumps(bench.raw, indent=1, default=str))
+
+
+if __name__ == "__main__":
+  sys.exit(main())

@@ -1,0 +1,74 @@
+"""What is benchmarked: cell hyperparameters, input sizes, shapes.
+
+Pure Python (no jax, no torch), shared by the driver and the workers.
+"""
+
+from __future__ import annotations
+
+# (B, T, H) of the main table (issue "Performance").
+SHAPES = ((32, 100, 256), (64, 100, 512), (32, 200, 1024))
+# The small-model regime of the Dyck experiments (Lin et al., Mahto et al.).
+DYCK_SHAPE = (10, 200, 12)
+DYCK_REPLICAS = 20
+
+# The second-order cells and the cells with a torch Python-loop peer.
+SECOND_ORDER = ("tensor_rnn", "general2", "mrnn", "mi_rnn", "mlstm",
+                "attention_lstm", "assignment_lstm", "mm_rnn", "mm_lstm",
+                "dyck_rnn")
+TORCH_LOOP = ("mrnn", "mlstm", "mm_rnn", "attention_lstm")
+# Cells with targets at H = 512 (>= 70% roofline, >= 2x torch loop,
+# >= 10x naive with <= 1/10 of its memory).
+TARGET_CELLS = ("mrnn", "mlstm", "mm_rnn", "attention_lstm")
+
+TENSOR_RNN_INPUT = 32  # A is [D, H, H]: D = H = 1024 would be a 4 GiB tensor
+
+
+def cell_hparams(name: str, H: int) -> dict:
+  """Hyperparameters of `name` at hidden size H: the papers' usual choices
+  (M = H; S = 2 cells as Lin et al.'s Dyck-2 model; K = 4 as Renganathan &
+  Singh; Mahto et al.'s Dyck-2 inverse-gamma timescales)."""
+  extra = {
+      "general2": dict(intermediate_size=H),
+      "mrnn": dict(intermediate_size=H),
+      "mlstm": dict(intermediate_size=H),
+      "attention_lstm": dict(num_cells=2),
+      "assignment_lstm": dict(num_cells=2),
+      "mm_rnn": dict(num_matrices=4),
+      "dyck_rnn": dict(learn_embedding=True),
+      "mts_lstm": dict(timescales=("inverse_gamma", 1.5)),
+  }.get(name, {})
+  return dict(hidden_size=H, **extra)
+
+
+def input_size(name: str, H: int) -> int:
+  """D: the hidden size (an embedding of width H), except tensor_rnn."""
+  return min(TENSOR_RNN_INPUT, H) if name == "tensor_rnn" else H
+
+
+def label(spec: dict) -> str:
+  """A short readable name of a contender spec."""
+  impl = spec["impl"]
+  if impl == "matmul":
+    return f"{spec['framework']} matmul {spec['n']}^3"
+  base = {
+      "sorjax": "sorjax {cell}",
+      "naive": "naive {cell}",
+      "torch_lstm": "torch.nn.LSTM",
+      "torch_loop": "torch loop {cell}",
+      "flax_lstm": "flax OptimizedLSTMCell",
+      "cudnn_lstm": "jax.experimental.rnn (cuDNN)",
+      "tree_level": "tree_lstm level-scheduled",
+      "tree_node": "tree_lstm node-by-node",
+  }[impl].format(cell=spec.get("cell", ""))
+  opts = []
+  hp = spec.get("hparams") or {}
+  if hp.get("mix") == "gates":
+    opts.append("mix=gates")
+  for k, default in (("hoist", True), ("remat", False), ("unroll", 1)):
+    if k in spec and spec[k] != default:
+      opts.append(f"{k}={spec[k]}")
+  if spec.get("replicas"):
+    opts.append(f"x{spec['replicas']} replicas (vmap)")
+  if spec.get("optimizer"):
+    opts.append(f"+{spec['optimizer']}")
+  return base + (f" [{', '.join(opts)}]" if opts else "")
