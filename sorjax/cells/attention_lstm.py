@@ -73,7 +73,7 @@ def cell_gates_h(params, h) -> jax.Array:
   return z.reshape(*z.shape[:-1], S, G)
 
 
-def mix(alpha, z) -> jax.Array:
+def mix_cells(alpha, z) -> jax.Array:
   """sum_s alpha[s] z[s]: [..., S] x [..., S, N] -> [..., N]."""
   return jnp.einsum("...s,...sn->...n", alpha, z)
 
@@ -99,7 +99,7 @@ def _initial_carry(hidden_size, params, batch_shape):
 
 def _mixed_gates_step(params, carry, xp, forget_bias):
   """One LSTM step with the alpha-mixed gates (the W_hh(t) mixture)."""
-  gates = xp.gx + mix(xp.alpha, cell_gates_h(params, carry.h))
+  gates = xp.gx + mix_cells(xp.alpha, cell_gates_h(params, carry.h))
   new = lstm_update(gates, carry.c, forget_bias)
   return new, new.h
 
@@ -164,7 +164,7 @@ class AttentionLSTM:
     alpha = self.attention(params, xs, temperature)
     gx = cell_gates_x(params, xs)
     if self.mix == "gates":
-      gx = mix(alpha, gx)
+      gx = mix_cells(alpha, gx)
     return SecondOrderInputs(gx, alpha)
 
   def step(self, params, carry, xp):
@@ -172,8 +172,8 @@ class AttentionLSTM:
       return _mixed_gates_step(params, carry, xp, self.forget_bias)
     z = xp.gx + cell_gates_h(params, carry.h)                 # [..., S, 4H]
     cells = lstm_update(z, carry.c[..., None, :], self.forget_bias)  # eq. (c)
-    new = base.LSTMCarry(mix(xp.alpha, cells.h),                # eq. (d)
-                         mix(xp.alpha, cells.c))                # eq. (e)
+    new = base.LSTMCarry(mix_cells(xp.alpha, cells.h),                # eq. (d)
+                         mix_cells(xp.alpha, cells.c))                # eq. (e)
     return new, new.h
 
 
@@ -242,7 +242,7 @@ class AssignmentLSTM:
   def precompute(self, params, xs, assignment=None):
     base.check_input("assignment_lstm", xs, params["W_x"].shape[1])
     alpha = self.one_hot(assignment, xs.shape[:-1], base.param_dtype(params))
-    return SecondOrderInputs(mix(alpha, cell_gates_x(params, xs)), alpha)
+    return SecondOrderInputs(mix_cells(alpha, cell_gates_x(params, xs)), alpha)
 
   def step(self, params, carry, xp):
     return _mixed_gates_step(params, carry, xp, self.forget_bias)
