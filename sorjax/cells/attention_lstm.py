@@ -172,8 +172,8 @@ class AttentionLSTM:
       return _mixed_gates_step(params, carry, xp, self.forget_bias)
     z = xp.gx + cell_gates_h(params, carry.h)                 # [..., S, 4H]
     cells = lstm_update(z, carry.c[..., None, :], self.forget_bias)  # eq. (c)
-    new = base.LSTMCarry(mix_cells(xp.alpha, cells.h),                # eq. (d)
-                         mix_cells(xp.alpha, cells.c))                # eq. (e)
+    new = base.LSTMCarry(mix_cells(xp.alpha, cells.h),        # eq. (d)
+                         mix_cells(xp.alpha, cells.c))        # eq. (e)
     return new, new.h
 
 
@@ -241,7 +241,8 @@ class AssignmentLSTM:
 
   def precompute(self, params, xs, assignment=None):
     base.check_input("assignment_lstm", xs, params["W_x"].shape[1])
-    alpha = self.one_hot(assignment, xs.shape[:-1], base.param_dtype(params))
+    alpha = self.one_hot(assignment, xs.shape[:-1],
+                         base.param_dtype(params))
     return SecondOrderInputs(mix_cells(alpha, cell_gates_x(params, xs)), alpha)
 
   def step(self, params, carry, xp):
