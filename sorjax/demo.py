@@ -55,7 +55,7 @@ def main(argv=None):
   print(f"{'cell':<17}{'params':>10}  {'output':<14}{'tokens/s':>12}")
   for name in cells.sequence_names():
     cell = demo_cell(name, H)
-    d = 2 if name == "dyck_rnn" else D
+    d = 1 if name == "dyck_rnn" else D   # its fixed 1-d bracket embedding
     params = cell.init(jax.random.key(0), d)
     xs = jax.random.normal(jax.random.key(1), (B, T, d))
     aux = demo_aux(name, B, T)
