@@ -1,6 +1,8 @@
 """mlstm against a NumPy loop of Krause et al.'s equations (column form) and a
 JAX reference that materialises each example's transition matrix."""
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -15,10 +17,23 @@ ACT = {"identity": lambda z: z, "tanh": np.tanh}
 def make(act="identity", H=4, M=5, D=3, seed=0):
   cell = sorjax.cells.make("mlstm", hidden_size=H, intermediate_size=M,
                            candidate_activation=act)
-  k1, k2 = jax.random.split(jax.random.key(seed))
-  params = cell.init(k1, D)
-  params["b"] = jax.random.normal(k2, (4 * H,))  # init is zero: test the path
-  return cell, params
+  return cell, random_params(cell, D, seed)
+
+
+def random_params(cell, D, seed):
+  """Uniform(+-1/sqrt(H)) values, biases included, in the shapes `cell.init`
+  declares (read with eval_shape: no per-shape RNG compiles in the tests)."""
+  shapes = jax.eval_shape(functools.partial(cell.init, input_size=D),
+                          jax.random.key(0))
+  rng = np.random.default_rng(seed)
+  s = 1.0 / np.sqrt(cell.hidden_size)
+  return {k: jnp.asarray(rng.uniform(-s, s, v.shape), v.dtype)
+          for k, v in shapes.items()}
+
+
+def normal(seed, shape, scale=1.0):
+  return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(
+      shape), jnp.float32)
 
 
 def numpy_mlstm(p, xs, act):
@@ -53,7 +68,7 @@ def numpy_mlstm(p, xs, act):
 @pytest.mark.parametrize("act", ["identity", "tanh"])
 def test_matches_numpy_loop_of_the_equations(act):
   cell, params = make(act)
-  xs = jax.random.normal(jax.random.key(5), (2, 6, 3))
+  xs = normal(5, (2, 6, 3))
   carry, ys = sorjax.unroll(cell, params, xs)
   h, c, ref = numpy_mlstm(np_params(params), np.asarray(xs, np.float64), act)
   np.testing.assert_allclose(ys, ref, rtol=1e-5, atol=1e-6)
@@ -65,7 +80,7 @@ def test_candidate_activation_matters_and_defaults_to_identity():
   assert sorjax.cells.make("mlstm", hidden_size=2,
                            intermediate_size=2).candidate_activation == \
       "identity"
-  xs = 3.0 * jax.random.normal(jax.random.key(5), (2, 4, 3))
+  xs = normal(5, (2, 4, 3), 3.0)
   (c1, p), (c2, _) = make("identity"), make("tanh")
   _, y1 = sorjax.unroll(c1, p, xs)
   _, y2 = sorjax.unroll(c2, p, xs)
@@ -95,8 +110,8 @@ def materialised_unroll(p, xs, act):
 @pytest.mark.parametrize("act", ["identity", "tanh"])
 def test_equals_materialised_reference_values_and_gradients(act):
   cell, params = make(act)
-  xs = jax.random.normal(jax.random.key(5), (2, 5, 3))
-  w = jax.random.normal(jax.random.key(6), (2, 5, 4))
+  xs = normal(5, (2, 5, 3))
+  w = normal(6, (2, 5, 4))
 
   def loss(run):
     def f(p, x):
@@ -118,7 +133,7 @@ def test_equals_materialised_reference_values_and_gradients(act):
 def test_no_per_example_transition_forward_or_backward():
   B, T, H, D, M = 3, 6, 7, 2, 5
   cell, params = make(H=H, M=M, D=D)
-  xs = jax.random.normal(jax.random.key(1), (B, T, D))
+  xs = normal(1, (B, T, D))
 
   def loss(p, x):
     return jnp.sum(sorjax.unroll(cell, p, x)[1] ** 2)
@@ -126,13 +141,20 @@ def test_no_per_example_transition_forward_or_backward():
 
 
 def test_param_names_shapes_and_carry():
-  cell, params = make(H=4, M=5, D=3)
+  D = 3
+  cell, params = make(H=4, M=5, D=D)
   assert {k: v.shape for k, v in params.items()} == {
       "W_mx": (3, 5), "W_mh": (4, 5), "W_x": (3, 16), "W_m": (5, 16),
       "b": (16,)}
   carry = cell.initial_carry(params, (2,))
   assert carry._fields == ("h", "c")
   assert carry.h.shape == carry.c.shape == (2, 4)
+  bf16 = jax.eval_shape(functools.partial(cell.init, input_size=D,
+                                          dtype=jnp.bfloat16),
+                        jax.random.key(0))
+  assert {v.dtype for v in bf16.values()} == {jnp.dtype(jnp.bfloat16)}
+  assert {a.dtype for a in cell.initial_carry(bf16, (2,))} == {
+      jnp.dtype(jnp.bfloat16)}
 
 
 def test_docstring_says_it_is_not_xlstm():
