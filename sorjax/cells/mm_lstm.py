@@ -4,14 +4,14 @@ Each gate g in (c, i, f, o) has its own K_g choice matrices W_g[k] and its own
 key vector v_g, updated as mmRNN's (sec. 4.3). In row form (`x @ W`; the
 paper's W_g^proj is our W_g_proj.T):
 
-    v_g,t    = softmax([v_g,t-1; h_{t-1}; x_t] W_g_proj)     # eq. 9, 11, 13, 15
-    W_g_hh,t = sum_k v_g,t[k] W_g[k]                          # eq. 10, 12, 14, 16
-    i_t  = sigmoid(h_{t-1} W_i_hh,t + x_t W_i_hx + b_i)       # eq. 17
-    f_t  = sigmoid(h_{t-1} W_f_hh,t + x_t W_f_hx + b_f)       # eq. 18
-    o_t  = sigmoid(h_{t-1} W_o_hh,t + x_t W_o_hx + b_o)       # eq. 19
-    ^c_t = tanh(h_{t-1} W_c_hh,t + x_t W_c_hx + b_c)          # eq. 20
-    c_t  = f_t * c_{t-1} + i_t * ^c_t                         # eq. 21
-    h_t  = o_t * tanh(c_t)                                    # eq. 22
+    v_g,t    = softmax([v_g,t-1; h_{t-1}; x_t] W_g_proj)   # eq. 9, 11, 13, 15
+    W_g_hh,t = sum_k v_g,t[k] W_g[k]                        # eq. 10, 12, 14, 16
+    i_t      = sigmoid(h_{t-1} W_i_hh,t + x_t W_i_hx + b_i) # eq. 17
+    f_t      = sigmoid(h_{t-1} W_f_hh,t + x_t W_f_hx + b_f) # eq. 18
+    o_t      = sigmoid(h_{t-1} W_o_hh,t + x_t W_o_hx + b_o) # eq. 19
+    ^c_t     = tanh(h_{t-1} W_c_hh,t + x_t W_c_hx + b_c)    # eq. 20
+    c_t      = f_t * c_{t-1} + i_t * ^c_t                   # eq. 21
+    h_t      = o_t * tanh(c_t)                              # eq. 22
 
 Default K = (c:4, i:4, f:2, o:2) as eq. 10, 12, 14, 16; the upper limit "T"
 of eq. 16's sum is a typo for 2 (o's matrices mirror f's). The biases b_g are
@@ -145,7 +145,8 @@ class MMLSTM:
       oW, ov = oW + K * H, ov + K
     gx = jnp.split(xp.gx, 4, axis=-1)
     c_hat = jnp.tanh(pre[0] + gx[0])                        # eq. 20
-    i, f, o = (jax.nn.sigmoid(p + x) for p, x in zip(pre[1:], gx[1:]))  # eq. 17-19
+    i, f, o = (jax.nn.sigmoid(p + x)                        # eq. 17-19
+               for p, x in zip(pre[1:], gx[1:]))
     c = f * carry.c + i * c_hat                             # eq. 21
     h = o * jnp.tanh(c)                                     # eq. 22
     return MMLSTMCarry(h, c, *v), h

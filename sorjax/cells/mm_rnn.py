@@ -42,7 +42,8 @@ class MMRNNInputs(NamedTuple):
 def fused_recurrent(Ws, Ps) -> jax.Array:
   """[W_1[1] | .. | W_1[K_1] | W_2[1] | .. | P_1 | P_2 | ..]: every choice
   matrix W_n [K_n, H, H] side by side, then every key projection's h rows
-  P_n [H, K_n]. Loop-invariant, so XLA hoists it out of the scan."""
+  P_n [H, K_n]. Loop-invariant: XLA hoists it out of the forward scan (the
+  backward scan still splits its cotangent into the W_n once per step)."""
   H = Ws[0].shape[1]
   blocks = [jnp.transpose(W, (1, 0, 2)).reshape(H, -1) for W in Ws]
   return jnp.concatenate(blocks + list(Ps), axis=1)
@@ -97,6 +98,6 @@ class MMRNN:
     H, K = self.hidden_size, self.num_matrices
     P = params["W_proj"]
     z = carry.h @ fused_recurrent([params["W"]], [P[K:K + H]])  # [.., K*H+K]
-    v = jax.nn.softmax(carry.v @ P[:K] + z[..., K * H:] + xp.vx, axis=-1)  # eq. 6
-    h = jnp.tanh(mix(v, z[..., :K * H]) + xp.hx)            # eq. 7-8
+    v = jax.nn.softmax(carry.v @ P[:K] + z[..., K * H:] + xp.vx)  # eq. 6
+    h = jnp.tanh(mix(v, z[..., :K * H]) + xp.hx)                  # eq. 7-8
     return MMRNNCarry(h, v), h
