@@ -139,16 +139,14 @@ def test_lengths_mask_equals_truncation(name, reverse):
 def test_vmap_over_unbatched_examples(name):
   cell, params, xs, aux = setup(name)
   _, ys = sorjax.unroll(cell, params, xs, **aux)
-
-  def one(x, a):
-    _, y = sorjax.unroll(cell, params, x[None], **{k: v[None] for k, v in
-                                                   a.items()})
-    return y[0]
   per_token = {k: v for k, v in aux.items() if jnp.ndim(v) >= 2}
   scalars = {k: v for k, v in aux.items() if jnp.ndim(v) < 2}
-  yv = jax.vmap(lambda x, a: one(x, {**a, **{k: jnp.broadcast_to(
-      v, ()) for k, v in scalars.items()}}))(xs, per_token) if scalars else \
-      jax.vmap(one)(xs, per_token)
+
+  def one(x, a):  # one example [T, D]; per-token aux [T]
+    _, y = sorjax.unroll(cell, params, x[None],
+                         **{k: v[None] for k, v in a.items()}, **scalars)
+    return y[0]
+  yv = jax.vmap(one)(xs, per_token)
   np.testing.assert_allclose(ys, yv, rtol=1e-5, atol=1e-6)
 
 
