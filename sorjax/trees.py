@@ -1,7 +1,7 @@
 """Binary trees: bracketed parsing, level schedules, level-wise recursion.
 
-    trees = read_trees("sst/train.txt")               # or parse(line, source=...)
-    schedule = encode(trees, vocab)                   # NumPy arrays, fixed shapes
+    trees = read_trees("sst/train.txt")      # or parse(line, source=...)
+    schedule = encode(trees, vocab)          # NumPy arrays, fixed shapes
     states, roots = run(cell, params, embeddings[schedule.tokens], schedule)
 
 `run` applies a tree cell (`sorjax.cells.tree`) bottom-up, Le & Zuidema's
@@ -21,7 +21,7 @@ from __future__ import annotations
 import dataclasses
 import gzip
 import re
-from typing import Any, Callable, Iterable, Mapping, NamedTuple, Sequence, Union
+from typing import Any, Callable, Mapping, NamedTuple, Sequence, Union
 
 import jax
 import jax.numpy as jnp
@@ -72,8 +72,9 @@ class Tree:
         out.append(str(n.word))
       else:
         out.append("(" if n.label is None else f"({n.label} ")
-        items = [str(n.word)] if n.is_leaf else list(n.children)
-        seq = [x for k, c in enumerate(items) for x in ((" ", c) if k else (c,))]
+        seq = []
+        for k, c in enumerate([str(n.word)] if n.is_leaf else n.children):
+          seq += [" ", c] if k else [c]
         stack.extend(reversed(seq + [")"]))
     return "".join(out)
 
@@ -119,7 +120,7 @@ class TreeParseError(ValueError):
     self.source, self.column = source, pos + 1
     where = f"{source}: " if source else ""
     lo = max(0, pos - 40)
-    snippet = text[lo:pos + 40]
+    snippet = re.sub(r"\s", " ", text[lo:pos + 40])  # keeps the caret aligned
     prefix = "..." if lo else ""
     super().__init__(f"{where}column {pos + 1}: {message}\n  {prefix}{snippet}"
                      f"\n  {' ' * (len(prefix) + pos - lo)}^")
@@ -261,16 +262,17 @@ class Schedule(NamedTuple):
   module's numbering; `node`, `left`, `right` are flat indices b * N + n
   into the batch's [B * N] node slots.
   """
-  tokens: np.ndarray      # int32 [B, L]  leaf token ids, left to right (pad_id after)
+  tokens: np.ndarray      # int32 [B, L] leaf ids, left to right; then pad_id
   leaf_mask: np.ndarray   # bool [B, L]
   node_mask: np.ndarray   # bool [B, N]
-  labels: np.ndarray      # int32 [B, N]  per-node labels; -1 absent or padding
-  depth: np.ndarray       # int32 [B, N]  edges to the root; -1 padding
-  root: np.ndarray        # int32 [B]     root node index, 2 L_b - 2
-  height: np.ndarray      # int32 [B]     tree heights
-  node: np.ndarray        # int32 [T, W]  flat index of each node of height t+1; padding B*N + j
-  left: np.ndarray        # int32 [T, W]  flat index of its left child; padding 0
-  right: np.ndarray       # int32 [T, W]  flat index of its right child; padding 0
+  labels: np.ndarray      # int32 [B, N] per-node labels; -1: none or padding
+  depth: np.ndarray       # int32 [B, N] edges to the root; -1: padding
+  root: np.ndarray        # int32 [B] root node index, 2 L_b - 2
+  height: np.ndarray      # int32 [B] tree heights
+  node: np.ndarray        # int32 [T, W] flat index of the nodes of height
+                          #   t + 1; padding B * N + j (past the end)
+  left: np.ndarray        # int32 [T, W] flat index of each one's left child
+  right: np.ndarray       # int32 [T, W] ... and right child; padding 0
   level_mask: np.ndarray  # bool [T, W]
 
 
@@ -294,8 +296,16 @@ def _lookup(kind: str, table, key, b: int, default=None) -> int:
                    + (" (pass unk=...)" if kind == "word" else ""))
 
 
-def _number(tree: Tree, b: int):
-  """Nodes in the module's numbering, each with its children's numbers."""
+class _Numbered(NamedTuple):
+  """One tree in the module's numbering."""
+  leaves: list[Tree]      # left to right: nodes 0 .. L-1
+  internal: list[Tree]    # by (height, leftmost leaf): nodes L .. 2L-2
+  index: dict[int, int]   # id(node) -> node number
+  height: dict[int, int]  # id(node) -> height
+  depth: dict[int, int]   # id(node) -> edges to the root
+
+
+def _number(tree: Tree | Any, b: int) -> _Numbered:
   if not isinstance(tree, Tree):
     tree = Tree.from_nested(tree)
   order = list(_preorder(tree))
@@ -304,24 +314,36 @@ def _number(tree: Tree, b: int):
       raise ValueError(f"encode: tree {b} has a node with {len(n.children)} "
                        "children; only binary trees can be encoded (see "
                        "parse(..., binarize=...))")
-  heights = _heights(tree)
+  height = _heights(tree)
   leaves = [n for n in order if n.is_leaf]
   first = {id(n): i for i, n in enumerate(leaves)}  # id -> leftmost leaf
   for n in reversed(order):
     if not n.is_leaf:
       first[id(n)] = first[id(n.children[0])]
   internal = sorted((n for n in order if not n.is_leaf),
-                    key=lambda n: (heights[id(n)], first[id(n)]))
-  index = {id(n): i for i, n in enumerate(leaves + internal)}
+                    key=lambda n: (height[id(n)], first[id(n)]))
   depth = {id(tree): 0}
   for n in order:
     for c in n.children:
       depth[id(c)] = depth[id(n)] + 1
-  return leaves, internal, index, heights, depth
+  index = {id(n): i for i, n in enumerate(leaves + internal)}
+  return _Numbered(leaves, internal, index, height, depth)
 
 
-def encode(trees: Sequence[Tree | Any], vocab: Mapping[str, int] |
-           Callable[[Word], int] | None = None, *,
+def _padded(name: str, need: list[int], given: int | None) -> int:
+  """max(need), or `given` when that is enough; else an error naming the
+  first tree that does not fit."""
+  if given is None:
+    return max(need)
+  if max(need) > given:
+    b = int(np.argmax(need))
+    raise ValueError(f"encode: tree {b} needs {name}={need[b]} > the given "
+                     f"{name}={given}")
+  return given
+
+
+def encode(trees: Sequence[Tree | Any],
+           vocab: Mapping[str, int] | Callable[[Word], int] | None = None, *,
            labels: Mapping[str, int] | None = None, unk: int | None = None,
            pad_id: int = 0, max_leaves: int | None = None,
            max_height: int | None = None,
@@ -341,28 +363,18 @@ def encode(trees: Sequence[Tree | Any], vocab: Mapping[str, int] |
   if not len(trees):
     raise ValueError("encode: no trees")
   numbered = [_number(t, b) for b, t in enumerate(trees)]
-  B = len(trees)
-  n_leaves = [len(nb[0]) for nb in numbered]
-  # the last internal node is the root (the only one of maximal height)
-  heights = [nb[3][id(nb[1][-1])] if nb[1] else 0 for nb in numbered]
-
-  def size(name, need, given, per_tree):
-    if given is None:
-      return need
-    if need > given:
-      b = int(np.argmax(per_tree))
-      raise ValueError(f"encode: tree {b} needs {name}={per_tree[b]} > the "
-                       f"given {name}={given}")
-    return given
-
-  L = size("max_leaves", max(n_leaves), max_leaves, n_leaves)
+  B = len(numbered)
+  n_leaves = [len(t.leaves) for t in numbered]
+  # The last internal node is the root, the only one of maximal height.
+  heights = [t.height[id(t.internal[-1])] if t.internal else 0
+             for t in numbered]
+  L = _padded("max_leaves", n_leaves, max_leaves)
   N = 2 * L - 1
-  T = size("max_height", max(heights), max_height, heights)
-  per_level = np.zeros((B, max(T, 1)), np.int64)
-  for b, (_, internal, _, hts, _) in enumerate(numbered):
-    for n in internal:
-      per_level[b, hts[id(n)] - 1] += 1
-  widths = per_level.sum(0)  # nodes of each height in the whole batch
+  T = _padded("max_height", heights, max_height)
+  widths = np.zeros(max(T, 1), np.int64)  # nodes of each height in the batch
+  for t in numbered:
+    for n in t.internal:
+      widths[t.height[id(n)] - 1] += 1
   if max_width is not None and widths.max() > max_width:
     raise ValueError(f"encode: the batch has {int(widths.max())} nodes of "
                      f"height {int(widths.argmax()) + 1} > the given "
@@ -374,35 +386,36 @@ def encode(trees: Sequence[Tree | Any], vocab: Mapping[str, int] |
   node_mask = np.zeros((B, N), bool)
   label_ids = np.full((B, N), -1, np.int32)
   depth = np.full((B, N), -1, np.int32)
-  node = np.zeros((T, W), np.int32)
-  left = np.zeros((T, W), np.int32)
-  right = np.zeros((T, W), np.int32)
+  node, left, right = (np.zeros((T, W), np.int32) for _ in range(3))
   level_mask = np.zeros((T, W), bool)
-  fill = np.zeros(T, np.int64)
-  for b, (leaves, internal, index, hts, dep) in enumerate(numbered):
-    for i, leaf in enumerate(leaves):
+  fill = np.zeros(T, np.int64)  # next free slot of each level
+  for b, t in enumerate(numbered):
+    for i, leaf in enumerate(t.leaves):
       tokens[b, i] = _lookup("word", vocab, leaf.word, b, unk)
-    leaf_mask[b, :len(leaves)] = True
-    for n in leaves + internal:
-      i = index[id(n)]
+    leaf_mask[b, :len(t.leaves)] = True
+    for n in t.leaves + t.internal:
+      i = t.index[id(n)]
       node_mask[b, i] = True
-      depth[b, i] = dep[id(n)]
+      depth[b, i] = t.depth[id(n)]
       if n.label is not None:
         label_ids[b, i] = _lookup("label", labels, n.label, b)
-    for n in internal:  # sorted by height, then position: flat indices ascend
-      t = hts[id(n)] - 1
-      j = fill[t]
-      fill[t] += 1
-      node[t, j] = b * N + index[id(n)]
-      left[t, j] = b * N + index[id(n.children[0])]
-      right[t, j] = b * N + index[id(n.children[1])]
-      level_mask[t, j] = True
+        if label_ids[b, i] < 0:  # -1 marks "no label"
+          raise ValueError(f"encode: tree {b}: label {n.label!r} maps to "
+                           f"{label_ids[b, i]}; label ids must be >= 0")
+    for n in t.internal:  # by height, then position: flat indices ascend
+      h = t.height[id(n)] - 1
+      j = fill[h]
+      fill[h] += 1
+      node[h, j] = b * N + t.index[id(n)]
+      left[h, j] = b * N + t.index[id(n.children[0])]
+      right[h, j] = b * N + t.index[id(n.children[1])]
+      level_mask[h, j] = True
   # Padding slots write past the end (dropped by the scatter), each to its
   # own index so the scatter's indices stay unique and sorted.
   pad = B * N + np.arange(W, dtype=np.int32)
   node = np.where(level_mask, node, pad[None, :]).astype(np.int32)
-  return Schedule(tokens, leaf_mask, node_mask, label_ids, depth,
-                  np.asarray([2 * n - 2 for n in n_leaves], np.int32),
+  root = np.asarray([2 * n - 2 for n in n_leaves], np.int32)
+  return Schedule(tokens, leaf_mask, node_mask, label_ids, depth, root,
                   np.asarray(heights, np.int32), node, left, right, level_mask)
 
 
@@ -433,7 +446,7 @@ def run(cell, params, leaf_inputs: jax.Array, schedule: Schedule, *,
         f"schedule.tokens; got shape {tuple(leaf_inputs.shape)}")
   leaf_mask = jnp.asarray(schedule.leaf_mask)[..., None]
 
-  def slots(a):  # [B, L, H] leaf states -> [B * N, H] node slots, zeros elsewhere
+  def slots(a):  # [B, L, H] leaf states -> [B * N, H] slots, zero elsewhere
     a = jnp.where(leaf_mask, a, jnp.zeros_like(a))
     return jnp.pad(a, ((0, 0), (0, N - L), (0, 0))).reshape(B * N, -1)
 

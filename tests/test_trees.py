@@ -13,6 +13,13 @@ import sorjax
 from sorjax import trees
 from sorjax.trees import Tree, TreeParseError
 
+
+def key(seed):
+  """PRNG keys of the "rbg" implementation: on CPU their random ops compile
+  several times faster than threefry's, which dominates these tests."""
+  return jax.random.key(seed, impl="rbg")
+
+
 SST = "(3 (2 It) (4 (2 's) (3 good)))"
 
 
@@ -290,6 +297,9 @@ def test_encode_errors_name_tree_and_item():
     trees.encode([pos], vocab, unk=0)
   s = trees.encode([pos], vocab, unk=0, labels={"neg": 0, "pos": 1})
   np.testing.assert_array_equal(s.labels, [[0, 1, 1]])
+  with pytest.raises(ValueError, match="tree 0: label '-1' maps to -1; label "
+                     "ids must be >= 0"):
+    trees.encode([trees.parse("(1 (-1 a) (1 b))")], vocab, unk=0)
   flat = Tree(children=(Tree(word=1), Tree(word=2), Tree(word=3)))
   with pytest.raises(ValueError, match="tree 1 has a node with 3 children"):
     trees.encode([Tree(word=1), flat])
@@ -304,14 +314,14 @@ def _setup(name, batch, H=4, dtype=jnp.float32, **pad):
   s = trees.encode(batch, **pad)
 
   @jax.jit
-  def make(key):  # one compilation instead of one per op
-    k_p, k_x = jax.random.split(key)
+  def make(prng):  # one compilation instead of one per op
+    k_p, k_x = jax.random.split(prng)
     params = cell.init(k_p, H, dtype)
     params = {k: v + 0.1 * jnp.ones_like(v) if k.startswith("b") else v
               for k, v in params.items()}   # non-zero biases
     return params, jax.random.normal(k_x, s.tokens.shape + (H,), dtype)
 
-  params, x = make(jax.random.key(0))
+  params, x = make(key(0))
   return cell, params, s, x
 
 
@@ -352,7 +362,7 @@ def test_run_gradients_equal_recursive_reference(setup):
   recursion is cell-agnostic; tree_lstm's two-field state is the harder
   case)."""
   batch, cell, params, s, x = setup
-  weights = jax.random.normal(jax.random.key(2), s.node_mask.shape + (4,))
+  weights = jax.random.normal(key(2), s.node_mask.shape + (4,))
 
   def loss_run(params, x, remat):
     states, roots = trees.run(cell, params, x, s, remat=remat)
@@ -389,7 +399,7 @@ def _scan_lengths(fn, *args):
 def test_sequential_steps_are_the_max_height():
   H = 3
   cell = sorjax.cells.make("tree_rnn", hidden_size=H)
-  params = jax.eval_shape(lambda k: cell.init(k, H), jax.random.key(0))
+  params = jax.eval_shape(lambda k: cell.init(k, H), key(0))
   # 16 leaves and 31 nodes but height 4; a 6-leaf chain has height 5.
   for batch, height in (([balanced(list(range(16)))] * 2, 4),
                         ([balanced(list(range(16))), chain(list(range(6)))],
@@ -434,7 +444,7 @@ def test_vmap_over_batches_and_params():
   params = {"W": jnp.asarray(rng_p.normal(size=(8, 4)), jnp.float32),
             "b": jnp.asarray(rng_p.normal(size=4), jnp.float32)}
   ss = [trees.encode(b, **pad) for b in batches]
-  xs = jax.random.normal(jax.random.key(5), (2, 2, 6, 4))
+  xs = jax.random.normal(key(5), (2, 2, 6, 4))
   stacked = jax.tree_util.tree_map(lambda *a: np.stack(a), *ss)
   run = lambda p, x, s: RUN(cell, p, x, s)[0].h
   both = jax.jit(jax.vmap(run, in_axes=(None, 0, 0)))(params, xs, stacked)

@@ -78,7 +78,8 @@ class TreeRNN:
   def compose(self, params, left, right):
     f = base.activation(self.activation)
     xy = jnp.concatenate([left.h, right.h], axis=-1)   # [x; y]
-    return base.HCarry(f(base.affine(xy, params["W"], params["b"])))  # sec. 2, p
+    p = f(base.affine(xy, params["W"], params["b"]))   # sec. 2, RNN p
+    return base.HCarry(p)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -151,9 +152,9 @@ class TreeLSTM:
     W = jnp.concatenate([params["W_c"], params["W_o"]], axis=-1)  # [2, H, 2H]
     v = jnp.einsum("...kn,knm->...km", jnp.stack([x, y], axis=-2), W)
     c = jnp.stack([c_x, c_y], axis=-2)
-    c_p = (jnp.sum(f * c, axis=-2)                      # f_1 c_x + f_2 c_y
-           + g(jnp.sum(v[..., :H] * i, axis=-2)         # W_c1 x i_1 + W_c2 y i_2
-               + base.lift(params["b_c"], x.ndim)))     # sec. 2, c_p
+    c_p = (jnp.sum(f * c, axis=-2)                 # f_1 c_x + f_2 c_y
+           + g(jnp.sum(v[..., :H] * i, axis=-2)    # W_c1 x i_1 + W_c2 y i_2
+               + base.lift(params["b_c"], x.ndim)))  # sec. 2, c_p
     o = jax.nn.sigmoid(jnp.sum(v[..., H:], axis=-2)     # W_o1 x + W_o2 y
                        + base.affine(c_p, params["W_co"], params["b_o"]))  # o
     return base.LSTMCarry(o * g(c_p), c_p)              # sec. 2, p

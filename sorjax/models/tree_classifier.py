@@ -101,8 +101,9 @@ def loss_and_accuracy(logits: jax.Array, schedule: trees.Schedule):
     labels = jnp.take_along_axis(labels, jnp.asarray(schedule.root)[:, None],
                                  axis=1)[:, 0]
   if logits.shape[:-1] != labels.shape:
-    raise ValueError(f"loss_and_accuracy: logits {tuple(logits.shape)} do not "
-                     f"match the schedule's targets {tuple(labels.shape)} + [C]")
+    raise ValueError(
+        f"loss_and_accuracy: logits {tuple(logits.shape)} do not match the "
+        f"schedule's targets {tuple(labels.shape)} + [C]")
   mask = labels >= 0
   safe = jnp.where(mask, labels, 0)
   logp = jax.nn.log_softmax(logits.astype(jnp.float32))

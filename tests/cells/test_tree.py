@@ -11,20 +11,27 @@ import sorjax
 from sorjax.cells import base
 from tests.cells.reference import assert_no_bhh, np_params, sigmoid
 
+
+def key(seed):
+  """PRNG keys of the "rbg" implementation: on CPU their random ops compile
+  several times faster than threefry's, which dominates these tests."""
+  return jax.random.key(seed, impl="rbg")
+
+
 H = 5
 ACT = {"tanh": np.tanh, "identity": lambda z: z,
        "relu": lambda z: np.maximum(z, 0)}
 
 
-def _randomise(params, key):
+def _randomise(params, prng):
   """Non-zero biases, so every term of the equations is exercised."""
-  keys = jax.random.split(key, len(params))
+  keys = jax.random.split(prng, len(params))
   return {k: (0.5 * jax.random.normal(kk, v.shape, v.dtype) if k.startswith("b")
               else v) for (k, v), kk in zip(sorted(params.items()), keys)}
 
 
-def _children(key, lead, lstm, dtype=jnp.float32):
-  k = jax.random.split(key, 4)
+def _children(prng, lead, lstm, dtype=jnp.float32):
+  k = jax.random.split(prng, 4)
   x, y = (jax.random.normal(k[i], (*lead, H), dtype) for i in range(2))
   if not lstm:
     return base.HCarry(x), base.HCarry(y)
@@ -56,8 +63,8 @@ def _paper_lstm(p, x, y, c_x, c_y, g=np.tanh):
 @pytest.mark.parametrize("act", ["tanh", "identity", "relu"])
 def test_tree_rnn_equation(act):
   cell = sorjax.cells.make("tree_rnn", hidden_size=H, activation=act)
-  params = _randomise(cell.init(jax.random.key(0), H), jax.random.key(1))
-  left, right = _children(jax.random.key(2), (2, 3), lstm=False)
+  params = _randomise(cell.init(key(0), H), key(1))
+  left, right = _children(key(2), (2, 3), lstm=False)
   p = jax.jit(cell.compose)(params, left, right)
   assert p.h.shape == (2, 3, H)
   q = np_params(params)
@@ -73,8 +80,8 @@ def test_tree_rnn_equation(act):
 @pytest.mark.parametrize("act", ["tanh", "identity"])
 def test_tree_lstm_equation(act):
   cell = sorjax.cells.make("tree_lstm", hidden_size=H, activation=act)
-  params = _randomise(cell.init(jax.random.key(0), H), jax.random.key(1))
-  left, right = _children(jax.random.key(2), (4,), lstm=True)
+  params = _randomise(cell.init(key(0), H), key(1))
+  left, right = _children(key(2), (4,), lstm=True)
   out = jax.jit(cell.compose)(params, left, right)
   assert out._fields == ("h", "c") and out.h.shape == out.c.shape == (4, H)
   q = np_params(params)
@@ -90,10 +97,10 @@ def test_tree_lstm_ties_the_two_child_gates():
   """i_2, f_2 are i_1, f_1 with the children swapped: with W_c1 = W_c2 and
   W_o1 = W_o2 the composition is symmetric, F(x, y) = F(y, x)."""
   cell = sorjax.cells.make("tree_lstm", hidden_size=H)
-  params = _randomise(cell.init(jax.random.key(0), H), jax.random.key(1))
+  params = _randomise(cell.init(key(0), H), key(1))
   params["W_c"] = jnp.stack([params["W_c"][0]] * 2)
   params["W_o"] = jnp.stack([params["W_o"][0]] * 2)
-  left, right = _children(jax.random.key(2), (3,), lstm=True)
+  left, right = _children(key(2), (3,), lstm=True)
   compose = jax.jit(cell.compose)
   a = compose(params, left, right)
   b = compose(params, right, left)
@@ -107,23 +114,23 @@ def test_tree_lstm_ties_the_two_child_gates():
 
 
 def test_leaves_are_the_word_vectors():
-  x = jax.random.normal(jax.random.key(0), (2, 3, H))
+  x = jax.random.normal(key(0), (2, 3, H))
   rnn = sorjax.cells.make("tree_rnn", hidden_size=H)
-  np.testing.assert_array_equal(rnn.leaf(rnn.init(jax.random.key(1), H), x).h,
+  np.testing.assert_array_equal(rnn.leaf(rnn.init(key(1), H), x).h,
                                 x)
   lstm = sorjax.cells.make("tree_lstm", hidden_size=H)
-  leaf = lstm.leaf(lstm.init(jax.random.key(1), H), x)
+  leaf = lstm.leaf(lstm.init(key(1), H), x)
   np.testing.assert_array_equal(leaf.h, x)
   np.testing.assert_array_equal(leaf.c, np.zeros((2, 3, H)))
 
 
 def test_param_names_and_shapes():
   lstm = sorjax.cells.make("tree_lstm", hidden_size=H).init(
-      jax.random.key(0), H)
+      key(0), H)
   assert {k: v.shape for k, v in lstm.items()} == {
       "W_if": (4 * H, 2 * H), "b_if": (2 * H,), "W_c": (2, H, H),
       "b_c": (H,), "W_o": (2, H, H), "W_co": (H, H), "b_o": (H,)}
-  rnn = sorjax.cells.make("tree_rnn", hidden_size=H).init(jax.random.key(0), H)
+  rnn = sorjax.cells.make("tree_rnn", hidden_size=H).init(key(0), H)
   assert {k: v.shape for k, v in rnn.items()} == {"W": (2 * H, H), "b": (H,)}
   assert set(sorjax.cells.TREE_CELLS) == {"tree_rnn", "tree_lstm"}
 
@@ -139,8 +146,8 @@ def test_bad_hyperparameters_and_inputs_are_reported(name):
   cell = sorjax.cells.make(name, hidden_size=H)
   with pytest.raises(ValueError, match=f"{name}: input_size must equal "
                      f"hidden_size={H}.*got input_size=7"):
-    cell.init(jax.random.key(0), 7)
-  params = cell.init(jax.random.key(0), H)
+    cell.init(key(0), 7)
+  params = cell.init(key(0), H)
   with pytest.raises(ValueError, match=r"word vectors of size hidden_size=5.*"
                      r"\(2, 7\)"):
     cell.leaf(params, jnp.zeros((2, 7)))
@@ -150,9 +157,9 @@ def test_bad_hyperparameters_and_inputs_are_reported(name):
 def test_gradients_match_finite_differences(name):
   with jax.enable_x64(True):
     cell = sorjax.cells.make(name, hidden_size=3)
-    params = _randomise(cell.init(jax.random.key(0), 3, jnp.float64),
-                        jax.random.key(1))
-    k = jax.random.split(jax.random.key(2), 4)
+    params = _randomise(cell.init(key(0), 3, jnp.float64),
+                        key(1))
+    k = jax.random.split(key(2), 4)
     kids = [jax.random.normal(kk, (2, 3), jnp.float64) for kk in k]
     carry = base.HCarry if name == "tree_rnn" else base.LSTMCarry
 
@@ -172,8 +179,8 @@ def test_gradients_match_finite_differences(name):
 def test_no_per_example_hh_matrix(name):
   B = 3
   cell = sorjax.cells.make(name, hidden_size=H)
-  params = cell.init(jax.random.key(0), H)
-  left, right = _children(jax.random.key(1), (B,), lstm=name == "tree_lstm")
+  params = cell.init(key(0), H)
+  left, right = _children(key(1), (B,), lstm=name == "tree_lstm")
 
   def loss(params, left, right):
     return sum(jnp.sum(v) for v in cell.compose(params, left, right))
@@ -185,8 +192,8 @@ def test_no_per_example_hh_matrix(name):
 @pytest.mark.parametrize("name", ["tree_rnn", "tree_lstm"])
 def test_bf16_and_jit_with_the_cell_static(name):
   cell = sorjax.cells.make(name, hidden_size=H)
-  params = cell.init(jax.random.key(0), H, jnp.bfloat16)
-  left, right = _children(jax.random.key(1), (2,), lstm=name == "tree_lstm",
+  params = cell.init(key(0), H, jnp.bfloat16)
+  left, right = _children(key(1), (2,), lstm=name == "tree_lstm",
                           dtype=jnp.bfloat16)
   out = jax.jit(type(cell).compose, static_argnums=0)(cell, params, left,
                                                       right)
