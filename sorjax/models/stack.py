@@ -103,6 +103,8 @@ class RecurrentTrunk(nn.Module):
     if self.embedding not in EMBEDDINGS:
       raise self._error(
           f"embedding must be one of {EMBEDDINGS}, got {self.embedding!r}")
+    if self.embedding == "cell":
+      self.fixed_table()  # raises unless cells[0] offers a [V, E] table
     if (self.embedding_table is not None) != (self.embedding == "frozen"):
       raise self._error(
           "embedding_table is given exactly when embedding='frozen' "
@@ -223,6 +225,7 @@ class RecurrentTrunk(nn.Module):
                                   (self.vocab_size, 1))
       scale = keep.astype(x.dtype) / jnp.asarray(1.0 - p, x.dtype)
       x = x * jnp.take(scale, tokens, axis=0)
+    self.sow("intermediates", "embedded", x)  # kept only if made mutable
     return x, table
 
   def _check_tokens(self, tokens, lengths) -> None:

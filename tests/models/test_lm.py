@@ -1,0 +1,404 @@
+"""LanguageModel and DyckModel: NumPy references, training, tying, frozen
+and fixed embeddings, locked dropout masks, carried state, heads, errors."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+import pytest
+
+import sorjax
+from sorjax.cells import make
+from sorjax.models import FROZEN, DyckModel, LanguageModel
+from tests.cells.reference import np_params
+
+KEY = jax.random.key(0)
+V, E = 7, 4
+
+
+def tokens_of(B, T, seed=1, vocab=V):
+  return jax.random.randint(jax.random.key(seed), (B, T), 0, vocab)
+
+
+def rnn_hidden(p, x):
+  """Elman loop in float64: h_t = tanh(x_t U + h_{t-1} W + b), x [B, T, D]."""
+  h, hs = np.zeros((x.shape[0], p["W"].shape[0])), []
+  for t in range(x.shape[1]):
+    h = np.tanh(x[:, t] @ p["U"] + h @ p["W"] + p["b"])
+    hs.append(h)
+  return np.stack(hs, 1)
+
+
+def close(a, b, tol=1e-5):
+  np.testing.assert_allclose(np.asarray(a, np.float64), b, rtol=tol,
+                             atol=tol)
+
+
+# ---------------------------------------------------------------- forward
+
+def test_logits_shape_and_carries_of_a_mixed_stack():
+  model = LanguageModel([make("lstm", hidden_size=6),
+                         make("mm_rnn", hidden_size=5, num_matrices=3)],
+                        vocab_size=V, embed_size=E)
+  toks = tokens_of(2, 5)
+  variables = model.init(KEY, toks)
+  logits, carries = model.apply(variables, toks)
+  assert logits.shape == (2, 5, V) and logits.dtype == jnp.float32
+  assert carries[0]._fields == ("h", "c") and carries[0].h.shape == (2, 6)
+  assert carries[1].h.shape == (2, 5) and carries[1].v.shape == (2, 3)
+  assert set(variables) == {"params"}
+  assert set(variables["params"]) == {"embedding", "layer_0", "layer_1",
+                                      "decoder"}
+
+
+def test_untied_logits_equal_a_numpy_loop():
+  model = LanguageModel([make("rnn", hidden_size=5)], vocab_size=V,
+                        embed_size=E)
+  toks = tokens_of(2, 6)
+  variables = model.init(KEY, toks)
+  logits, _ = model.apply(variables, toks)
+  p = np_params(variables["params"])
+  x = p["embedding"][np.asarray(toks)]
+  ref = rnn_hidden(p["layer_0"], x) @ p["decoder"]["kernel"] + \
+      p["decoder"]["bias"]
+  close(logits, ref)
+
+
+def test_tied_decoder_reads_the_embedding_table():
+  model = LanguageModel([make("rnn", hidden_size=E)], vocab_size=V,
+                        embed_size=E, tie_embedding=True)
+  toks = tokens_of(2, 6, vocab=3)  # ids 3..6 never enter
+  variables = model.init(KEY, toks)
+  params = variables["params"]
+  assert set(params) == {"embedding", "layer_0", "decoder_bias"}
+  p = np_params(params)
+  h = rnn_hidden(p["layer_0"], p["embedding"][np.asarray(toks)])
+  logits, _ = model.apply(variables, toks)
+  close(logits, h @ p["embedding"].T + p["decoder_bias"])
+  # One array: editing an unused row moves only that row's logit.
+  edited = jax.tree_util.tree_map(lambda a: a, params)
+  edited["embedding"] = params["embedding"].at[5].add(1.0)
+  new, _ = model.apply({"params": edited}, toks)
+  close(new[..., 5], h @ (p["embedding"][5] + 1.0) + p["decoder_bias"][5])
+  np.testing.assert_array_equal(np.delete(np.asarray(new), 5, -1),
+                                np.delete(np.asarray(logits), 5, -1))
+
+
+def test_tied_decoder_with_a_projection():
+  model = LanguageModel([make("rnn", hidden_size=6)], vocab_size=V,
+                        embed_size=E, tie_embedding=True, tie_projection=True)
+  toks = tokens_of(2, 5)
+  variables = model.init(KEY, toks)
+  p = np_params(variables["params"])
+  assert p["projection"]["kernel"].shape == (6, E)
+  assert "bias" not in p["projection"]
+  h = rnn_hidden(p["layer_0"], p["embedding"][np.asarray(toks)])
+  ref = h @ p["projection"]["kernel"] @ p["embedding"].T + p["decoder_bias"]
+  close(model.apply(variables, toks)[0], ref)
+
+
+def test_one_hot_inputs():
+  model = LanguageModel([make("rnn", hidden_size=5)], vocab_size=V,
+                        embedding="one_hot")
+  toks = tokens_of(2, 4)
+  variables = model.init(KEY, toks)
+  p = np_params(variables["params"])
+  assert "embedding" not in p and p["layer_0"]["U"].shape == (V, 5)
+  h = rnn_hidden(p["layer_0"], np.eye(V)[np.asarray(toks)])
+  close(model.apply(variables, toks)[0],
+        h @ p["decoder"]["kernel"] + p["decoder"]["bias"])
+
+
+# ---------------------------------------------------------------- training
+
+def xent(model, params, extra, toks, **kw):
+  logits, _ = model.apply({"params": params, **extra}, toks[:, :-1], **kw)
+  return optax.softmax_cross_entropy_with_integer_labels(
+      logits, toks[:, 1:]).mean()
+
+
+def train(model, variables, toks, steps, lr=0.03, **kw):
+  """Adam on variables["params"] only; returns (params, losses)."""
+  params = variables["params"]
+  extra = {k: v for k, v in variables.items() if k != "params"}
+  opt = optax.adam(lr)
+
+  @jax.jit
+  def step(params, state, key):
+    loss, g = jax.value_and_grad(
+        lambda p: xent(model, p, extra, toks, rngs={"dropout": key}, **kw))(
+            params)
+    with jax.numpy_dtype_promotion("standard"):  # optax's int step count
+      updates, state = opt.update(g, state, params)
+    return optax.apply_updates(params, updates), state, loss
+
+  state, losses = opt.init(params), []
+  for key in jax.random.split(jax.random.key(3), steps):
+    params, state, loss = step(params, state, key)
+    losses.append(float(loss))
+  return params, losses
+
+
+def test_train_step_changes_params_and_loss_falls():
+  model = LanguageModel([make("lstm", hidden_size=12)], vocab_size=4,
+                        embed_size=6, input_dropout=0.1, output_dropout=0.1,
+                        locked_dropout=True)
+  toks = jnp.tile(jnp.arange(4), (2, 6))  # 0 1 2 3 0 1 2 3 ...
+  variables = model.init(KEY, toks)
+  params, losses = train(model, variables, toks, 60, deterministic=False)
+  changed = jax.tree_util.tree_map(
+      lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
+      variables["params"], params)
+  assert all(jax.tree_util.tree_leaves(changed)), changed
+  assert losses[0] > 1.2  # ~ log 4 at init
+  assert losses[-1] < 0.25 * losses[0], losses[::10]
+
+
+def test_frozen_embedding_is_not_a_param_and_stays_put():
+  table = np.asarray(jax.random.normal(jax.random.key(5), (V, E)), np.float32)
+  model = LanguageModel([make("rnn", hidden_size=5)], vocab_size=V,
+                        embedding="frozen", embedding_table=table)
+  toks = tokens_of(2, 6)
+  variables = model.init(KEY, toks)
+  assert "embedding" not in variables["params"]
+  np.testing.assert_array_equal(variables[FROZEN]["embedding"], table)
+  params, losses = train(model, variables, toks, 5)
+  assert losses[-1] < losses[0]
+  np.testing.assert_array_equal(variables[FROZEN]["embedding"], table)
+  # The model reads the stored table (not the attribute): a new table moves
+  # the logits, numerically as the NumPy loop says.
+  p = np_params(params)
+  for tab in (table, 2.0 * table):
+    got, _ = model.apply({"params": params, FROZEN: {"embedding": tab}}, toks)
+    h = rnn_hidden(p["layer_0"], np.asarray(tab, np.float64)[np.asarray(toks)])
+    close(got, h @ p["decoder"]["kernel"] + p["decoder"]["bias"], 1e-4)
+
+
+def test_fixed_cell_embedding_is_a_constant():
+  cell = make("dyck_rnn", hidden_size=4)  # learn_embedding=False: 1-d table
+  model = DyckModel([cell], vocab_size=6, embedding="cell", head="closing",
+                    num_outputs=2)
+  toks = jnp.array([[0, 1, 3, 2, 4, 4], [4, 0, 0, 2, 2, 5]])
+  variables = model.init(KEY, toks)
+  assert set(variables) == {"params"}
+  assert set(variables["params"]) == {"layer_0", "head"}
+  table = cell.fixed_embedding(2)  # open 1, 2; close -1, -2; START, END 0
+  _, state = model.apply(variables, toks, mutable="intermediates")
+  close(state["intermediates"]["embedded"][0][..., 0],
+        table[np.asarray(toks), 0])
+  opt = optax.sgd(0.1)
+
+  def loss(params):
+    logits, _ = model.apply({"params": params}, toks)
+    return optax.softmax_cross_entropy_with_integer_labels(
+        logits, jnp.array([0, 1])).mean()
+
+  params = variables["params"]
+  state = opt.init(params)
+  for _ in range(2):
+    updates, state = opt.update(jax.grad(loss)(params), state)
+    params = optax.apply_updates(params, updates)
+  _, after = model.apply({"params": params}, toks, mutable="intermediates")
+  close(after["intermediates"]["embedded"][0][..., 0],
+        table[np.asarray(toks), 0])
+
+
+# ---------------------------------------------------------------- dropout
+
+def dropout_outputs(locked, rate=0.5, B=3, T=6, F=16):
+  model = LanguageModel([make("rnn", hidden_size=F), make("rnn", hidden_size=F)],
+                        vocab_size=V, embed_size=F, input_dropout=rate,
+                        hidden_dropout=rate, output_dropout=rate,
+                        locked_dropout=locked)
+  toks = tokens_of(B, T)
+  variables = model.init(KEY, toks)
+  _, state = model.apply(variables, toks, deterministic=False,
+                         rngs={"dropout": jax.random.key(9)},
+                         capture_intermediates=True,
+                         mutable="intermediates")
+  inter = state["intermediates"]
+  out = {site: np.asarray(inter[name]["__call__"][0])
+         for site, name in (("input", "input_dropout"),
+                            ("hidden", "hidden_dropout_0"),
+                            ("output", "output_dropout"))}
+  return out, np.asarray(inter["embedded"][0])
+
+
+def test_locked_dropout_shares_one_mask_across_time():
+  out, embedded = dropout_outputs(True)
+  for site, y in out.items():
+    kept = y != 0
+    # One mask per sequence: every step equals step 0 ...
+    assert np.all(kept == kept[:, :1]), site
+    # ... but sequences differ, and about half the units survive.
+    assert not np.all(kept[0] == kept[1]), site
+    assert 0.25 < kept.mean() < 0.75, site
+  # Kept units are scaled by 1 / (1 - p).
+  kept = out["input"] != 0
+  close(out["input"][kept], 2.0 * embedded[kept])
+
+
+def test_unlocked_dropout_draws_a_mask_per_step():
+  out, _ = dropout_outputs(False)
+  for site, y in out.items():
+    assert not np.all((y != 0) == (y[:, :1] != 0)), site
+
+
+def test_locked_dropout_per_site():
+  out, _ = dropout_outputs(("hidden",))
+  assert np.all((out["hidden"] != 0) == (out["hidden"][:, :1] != 0))
+  assert not np.all((out["input"] != 0) == (out["input"][:, :1] != 0))
+  assert not np.all((out["output"] != 0) == (out["output"][:, :1] != 0))
+
+
+def test_embedding_dropout_drops_word_types():
+  model = LanguageModel([make("rnn", hidden_size=3)], vocab_size=20,
+                        embed_size=5, embedding_dropout=0.5)
+  toks = tokens_of(4, 10, vocab=20)
+  variables = model.init(KEY, toks)
+  _, state = model.apply(variables, toks, deterministic=False,
+                         rngs={"dropout": jax.random.key(2)},
+                         mutable="intermediates")
+  x = np.asarray(state["intermediates"]["embedded"][0])
+  table = np.asarray(variables["params"]["embedding"])
+  ids = np.asarray(toks)
+  dropped = set()
+  for w in np.unique(ids):  # every occurrence of a word: all 0 or all 2 E[w]
+    rows = x[ids == w]
+    if np.all(rows == 0):
+      dropped.add(int(w))
+    else:
+      close(rows, np.broadcast_to(2.0 * table[w], rows.shape))
+  assert 0 < len(dropped) < len(np.unique(ids))
+  # Deterministic: no dropout at all.
+  _, state = model.apply(variables, toks, mutable="intermediates")
+  close(state["intermediates"]["embedded"][0], table[ids])
+
+
+# ---------------------------------------------------------------- state
+
+def test_carry_passthrough_equals_one_long_sequence():
+  model = LanguageModel([make("lstm", hidden_size=6),
+                         make("mm_rnn", hidden_size=5, num_matrices=3)],
+                        vocab_size=V, embed_size=E)
+  toks = tokens_of(2, 8)
+  variables = model.init(KEY, toks)
+  apply = jax.jit(model.apply)
+  full, full_carries = apply(variables, toks)
+  first, carries = apply(variables, toks[:, :4])
+  second, last_carries = apply(variables, toks[:, 4:], carries)
+  close(jnp.concatenate([first, second], 1), np.asarray(full), 1e-5)
+  jax.tree_util.tree_map(lambda a, b: close(a, np.asarray(b)),
+                         last_carries, full_carries)
+  # Resetting with initial_carries is the same as passing none.
+  fresh = model.initial_carries(variables["params"], 2)
+  close(apply(variables, toks[:, 4:], fresh)[0],
+        np.asarray(apply(variables, toks[:, 4:])[0]))
+
+
+def test_lengths_equal_truncated_sequences():
+  model = LanguageModel([make("lstm", hidden_size=6),
+                         make("rnn", hidden_size=5)], vocab_size=V,
+                        embed_size=E)
+  toks = tokens_of(3, 6)
+  lengths = np.array([6, 2, 4])
+  variables = model.init(KEY, toks)
+  logits, carries = model.apply(variables, toks, lengths=jnp.asarray(lengths))
+  for b, L in enumerate(lengths):
+    ref, ref_carries = model.apply(variables, toks[b:b + 1, :L])
+    close(logits[b, :L], np.asarray(ref[0]))
+    for c, rc in zip(carries, ref_carries):
+      jax.tree_util.tree_map(lambda a, r: close(a[b], np.asarray(r[0])), c,
+                             rc)
+
+
+def test_aux_goes_to_the_cells():
+  cell = make("attention_lstm", hidden_size=5, num_cells=3)
+  model = LanguageModel([cell], vocab_size=V, embed_size=E)
+  toks = tokens_of(2, 5)
+  variables = model.init(KEY, toks, temperature=jnp.float32(1.0))
+  p = variables["params"]
+  x = jnp.take(p["embedding"], toks, axis=0)
+  outs = []
+  for tau in (0.2, 5.0):
+    logits, _ = model.apply(variables, toks, temperature=jnp.float32(tau))
+    _, h = sorjax.unroll(cell, p["layer_0"], x, temperature=jnp.float32(tau))
+    q = np_params(p["decoder"])
+    close(logits, np.asarray(h, np.float64) @ q["kernel"] + q["bias"])
+    outs.append(logits)
+  assert not np.allclose(outs[0], outs[1])
+  with pytest.raises(ValueError, match="no layer accepts aux"):
+    model.apply(variables, toks, bogus=jnp.float32(1.0))
+
+
+# ---------------------------------------------------------------- Dyck heads
+
+def test_closing_head_reads_the_last_valid_step():
+  model = DyckModel([make("rnn", hidden_size=5)], vocab_size=6, embed_size=3,
+                    head="closing", num_outputs=2)
+  toks = tokens_of(3, 6, vocab=6)
+  lengths = np.array([6, 1, 3])
+  variables = model.init(KEY, toks)
+  logits, _ = model.apply(variables, toks, lengths=jnp.asarray(lengths))
+  p = np_params(variables["params"])
+  h = rnn_hidden(p["layer_0"], p["embedding"][np.asarray(toks)])
+  last = h[np.arange(3), lengths - 1]
+  close(logits, last @ p["head"]["kernel"] + p["head"]["bias"])
+  probs = model.probabilities(logits)
+  close(probs.sum(-1), np.ones(3))
+  # Without lengths: the last step.
+  close(model.apply(variables, toks)[0],
+        h[:, -1] @ p["head"]["kernel"] + p["head"]["bias"])
+
+
+def test_per_step_heads():
+  toks = tokens_of(2, 5, vocab=6)
+  nxt = DyckModel([make("lstm", hidden_size=4)], vocab_size=6, embed_size=3)
+  logits, _ = nxt.apply(nxt.init(KEY, toks), toks)
+  assert logits.shape == (2, 5, 6)
+  close(nxt.probabilities(logits).sum(-1), np.ones((2, 5)))
+  adm = DyckModel([make("lstm", hidden_size=4)], vocab_size=6, embed_size=3,
+                  head="admissible", num_outputs=2)
+  logits, _ = adm.apply(adm.init(KEY, toks), toks)
+  assert logits.shape == (2, 5, 2)
+  close(adm.probabilities(logits), 1 / (1 + np.exp(-np.asarray(logits,
+                                                              np.float64))))
+
+
+# ---------------------------------------------------------------- errors
+
+@pytest.mark.parametrize("kwargs,match", [
+    (dict(embed_size=4, tie_embedding=True), "last hidden size 5 differs"),
+    (dict(embed_size=4, tie_projection=True), "only meaningful"),
+    (dict(embedding="one_hot", tie_embedding=True), "needs a trainable"),
+    (dict(embed_size=4, input_dropout=1.0), "input_dropout must be a rate"),
+    (dict(embed_size=4, locked_dropout=("inputs",)), "unknown sites"),
+    (dict(), "embed_size must be a positive int"),
+    (dict(embedding="frozen"), "embedding_table is given exactly"),
+    (dict(embedding="cell"), "fixed_embedding"),
+    (dict(embedding="one_hot", embed_size=3), "contradicts"),
+    (dict(embedding="lookup", embed_size=3), "embedding must be one of"),
+])
+def test_bad_configurations_are_named(kwargs, match):
+  with pytest.raises(ValueError, match=match):
+    LanguageModel([make("rnn", hidden_size=5)], vocab_size=V, **kwargs)
+
+
+def test_bad_inputs_are_named():
+  model = LanguageModel([make("rnn", hidden_size=5)], vocab_size=V,
+                        embed_size=E)
+  toks = tokens_of(2, 3)
+  variables = model.init(KEY, toks)
+  with pytest.raises(ValueError, match=r"tokens must be int \[B, T\]"):
+    model.apply(variables, toks.astype(jnp.float32))
+  with pytest.raises(ValueError, match=r"lengths must have shape \[B\]"):
+    model.apply(variables, toks, lengths=jnp.array([1, 2, 3]))
+  with pytest.raises(ValueError, match="one carry per layer"):
+    model.apply(variables, toks, (None, None))
+  with pytest.raises(ValueError, match=r"shape \[vocab_size=7, E\]"):
+    LanguageModel([make("rnn", hidden_size=5)], vocab_size=V,
+                  embedding="frozen",
+                  embedding_table=np.zeros((6, 3))).init(KEY, toks)
+  with pytest.raises(ValueError, match="num_outputs"):
+    DyckModel([make("rnn", hidden_size=5)], vocab_size=6, embed_size=3,
+              head="closing")
