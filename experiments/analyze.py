@@ -1,0 +1,102 @@
+"""Analyses of a trained run, from its work directory alone.
+
+    python -m experiments.analyze --workdir=RUN --analyses=perplexity,ldpa
+    python -m experiments.analyze --workdir=MTS --compare=BASELINE \\
+        --analyses=frequency --labels=mts,baseline
+    python -m experiments.analyze --workdir=LM --analyses=minimal_pairs \\
+        --pairs=blimp
+
+JSON results and PNG (and HTML) figures go to RUN/analysis/ (or --out).
+Analyses: see `sorjax.analysis.runner.ANALYSES` (--analyses=help lists
+them).
+"""
+
+from __future__ import annotations
+
+import logging as std_logging
+import sys
+
+from absl import app, flags, logging
+
+FLAGS = flags.FLAGS
+flags.DEFINE_string("workdir", None, "The run's work directory.")
+flags.DEFINE_list("analyses", None, "Comma-separated analyses to run "
+                  "('help' lists them).")
+flags.DEFINE_string("step", "best", "Checkpoint: best, latest or a step.")
+flags.DEFINE_integer("replica", 0, "Which replica's params to analyse.")
+flags.DEFINE_string("compare", None, "A second run's work directory "
+                    "(frequency, minimal_pairs, token_losses, perplexity).")
+flags.DEFINE_string("compare_step", "best", "The second run's checkpoint.")
+flags.DEFINE_list("labels", None, "Names of the run and the compared run "
+                  "in figures (default: the directories' names).")
+flags.DEFINE_string("split", None, "Split to analyse (default: the task's "
+                    "test split; gradient_ratio: train).")
+flags.DEFINE_list("pairs", [], "minimal_pairs: JSONL files, directories of "
+                  "*.jsonl[.gz], or 'blimp'.")
+flags.DEFINE_string("category_field", "UID", "minimal_pairs: the JSONL "
+                    "field naming a pair's category.")
+flags.DEFINE_string("sentence", None, "token_losses: the sentence; "
+                    "attention_heatmap: text to show instead of a split.")
+flags.DEFINE_float("temperature", None, "Softmax temperature (default: the "
+                   "run's evaluation temperature).")
+flags.DEFINE_integer("num_resamples", 10_000, "frequency: bootstrap "
+                     "resamples.")
+flags.DEFINE_integer("seed", 0, "frequency: bootstrap seed.")
+flags.DEFINE_integer("max_tokens", None, "timescales, word_ablation: at most "
+                     "this many tokens of an LM split.")
+flags.DEFINE_integer("max_sequences", None, "timescales, word_ablation: at "
+                     "most this many sequences of a Dyck split.")
+flags.DEFINE_integer("max_trees", 1000, "gradient_ratio: trees per epoch.")
+flags.DEFINE_integer("position", 0, "word_ablation: the ablated position.")
+flags.DEFINE_string("data_dir", None, "minimal_pairs with blimp: TFDS "
+                    "data_dir.")
+flags.DEFINE_string("out", None, "Output directory (default RUN/analysis).")
+
+
+def _step(value: str):
+  return int(value) if value.lstrip("-").isdigit() else value
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  from sorjax.analysis import runner
+  if FLAGS.analyses == ["help"]:
+    for name, (_, doc) in runner.ANALYSES.items():
+      print(f"{name:18s} {doc}")
+    return
+  if not FLAGS.workdir or not FLAGS.analyses:
+    raise app.UsageError("--workdir and --analyses are required")
+  std_logging.getLogger("absl").setLevel(std_logging.WARNING)
+  import os
+
+  import sorjax
+  from sorjax.analysis.common import AnalysisError
+  try:
+    run = sorjax.restore(FLAGS.workdir, _step(FLAGS.step), FLAGS.replica)
+    other = (sorjax.restore(FLAGS.compare, _step(FLAGS.compare_step))
+             if FLAGS.compare else None)
+    labels = tuple(FLAGS.labels or (
+        os.path.basename(os.path.normpath(FLAGS.workdir)),
+        os.path.basename(os.path.normpath(FLAGS.compare or "other"))))
+    if len(labels) != 2:
+      raise AnalysisError(f"--labels needs two names, got {list(labels)}")
+    options = runner.Options(
+        split=FLAGS.split, compare=other, labels=labels,
+        pairs=tuple(FLAGS.pairs), category_field=FLAGS.category_field,
+        sentence=FLAGS.sentence, temperature=FLAGS.temperature,
+        num_resamples=FLAGS.num_resamples, seed=FLAGS.seed,
+        max_tokens=FLAGS.max_tokens, max_sequences=FLAGS.max_sequences,
+        max_trees=FLAGS.max_trees, position=FLAGS.position,
+        data_dir=FLAGS.data_dir)
+    written = runner.run_analyses(run, FLAGS.analyses, FLAGS.out, options)
+  except (AnalysisError, ValueError, FileNotFoundError, KeyError) as e:
+    logging.error("analysis error: %s", e)
+    sys.exit(f"analysis error: {e}")
+  for name, paths in written.items():
+    for p in paths:
+      print(f"{name}: {p}")
+
+
+if __name__ == "__main__":
+  app.run(main)
