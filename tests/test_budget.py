@@ -162,34 +162,44 @@ def lm(name, layers, V, E, **hp):
 
 # Renganathan & Singh, Table 1 and sec. 5.3: PTB characters (V = 50, the 49
 # symbols + end of line; E = 128) at 4.5M, PTB words (V = 10k, E = 64) at 2M,
-# whole models. Our single bias per gate moves H by at most 1%.
+# whole models. Our single bias per gate moves H by at most 1% (or 1 unit).
+# mmLSTM's sizes come out with 4 choice matrices for every gate.
+K4 = dict(num_matrices=(4, 4, 4, 4))
 TABLE1 = [
-    ("rnn", 1, 50, 128, 4.5e6, 2032), ("rnn", 2, 50, 128, 4.5e6, 1194),
-    ("lstm", 1, 50, 128, 4.5e6, 991), ("lstm", 2, 50, 128, 4.5e6, 589),
-    ("mm_rnn", 1, 50, 128, 4.5e6, 1038), ("mm_rnn", 2, 50, 128, 4.5e6, 696),
-    ("rnn", 1, 10_000, 64, 2e6, 133), ("lstm", 1, 10_000, 64, 2e6, 125),
-    ("lstm", 2, 10_000, 64, 2e6, 115), ("mm_rnn", 1, 10_000, 64, 2e6, 128),
+    ("rnn", 1, 50, 128, 4.5e6, 2032, {}), ("rnn", 2, 50, 128, 4.5e6, 1194, {}),
+    ("lstm", 1, 50, 128, 4.5e6, 991, {}), ("lstm", 2, 50, 128, 4.5e6, 589, {}),
+    ("mm_rnn", 1, 50, 128, 4.5e6, 1038, {}),
+    ("mm_rnn", 2, 50, 128, 4.5e6, 696, {}),
+    ("mm_lstm", 1, 50, 128, 4.5e6, 512, K4),
+    ("mm_lstm", 2, 50, 128, 4.5e6, 345, K4),
+    ("rnn", 1, 10_000, 64, 2e6, 133, {}), ("lstm", 1, 10_000, 64, 2e6, 125, {}),
+    ("lstm", 2, 10_000, 64, 2e6, 115, {}),
+    ("mm_rnn", 1, 10_000, 64, 2e6, 128, {}),
+    ("mm_lstm", 1, 10_000, 64, 2e6, 112, K4),
+    ("mm_lstm", 2, 10_000, 64, 2e6, 97, K4),
 ]
 
 
-@pytest.mark.parametrize("name,layers,V,E,target,paper_h", TABLE1)
+@pytest.mark.parametrize("name,layers,V,E,target,paper_h,hp", TABLE1)
 def test_solver_reproduces_renganathan_singh_table1(name, layers, V, E,
-                                                    target, paper_h):
-  make_or_skip(name, hidden_size=2)
-  model = budget.solve(lm(name, layers, V, E), target)
+                                                    target, paper_h, hp):
+  make_or_skip(name, hidden_size=2, **hp)
+  model = budget.solve(lm(name, layers, V, E, **hp), target)
   assert abs(budget.count(model) - target) <= 0.01 * target
-  assert abs(model.output_size - paper_h) <= 0.01 * paper_h
+  assert abs(model.output_size - paper_h) <= max(1, 0.01 * paper_h)
   assert all(c.hidden_size == model.output_size for c in model.cells)
 
 
 @pytest.mark.parametrize("name,layers,V,E,target", [
-    ("mm_lstm", 1, 50, 128, 4.5e6), ("mm_lstm", 2, 50, 128, 4.5e6),
-    ("mlstm", 1, 50, 128, 4.5e6), ("mrnn", 1, 50, 128, 4.5e6),
-    ("mm_lstm", 1, 10_000, 64, 2e6), ("mm_lstm", 2, 10_000, 64, 2e6)])
+    ("mm_lstm", 1, 50, 128, 4.5e6), ("mm_lstm", 2, 10_000, 64, 2e6),
+    ("mlstm", 1, 50, 128, 4.5e6), ("mrnn", 1, 50, 128, 4.5e6)])
 def test_solver_meets_renganathan_singh_budgets(name, layers, V, E, target):
+  """Default hyperparameters; mRNN and mLSTM at the paper's h = m (their
+  Table 1 sizes, h = m = 1972 and 977, exceed 4.5M under eq. 6 / Krause's
+  mLSTM, so only the budget is checked)."""
   make_or_skip(name, hidden_size=2, **(
       {"intermediate_size": 2} if name in ("mlstm", "mrnn") else {}))
-  if name in ("mlstm", "mrnn"):  # the paper's h = m
+  if name in ("mlstm", "mrnn"):
     model = budget.solve(lambda H, M: LanguageModel(
         budget.stack(name, H, layers, M), vocab_size=V, embed_size=E),
                          target, ratio=1.0)

@@ -25,6 +25,9 @@ Dropout sites (rates in [0, 1), rng stream "dropout"):
 `locked_dropout` (True, or a tuple of "input", "hidden", "output") draws one
 mask per sequence shared across time at those sites (variational / locked
 dropout, Gal & Ghahramani 2016; AWD-LSTM).
+
+The embedded inputs (after embedding dropout) are sown as
+intermediates["embedded"]: `apply(..., mutable="intermediates")` returns them.
 """
 
 from __future__ import annotations
