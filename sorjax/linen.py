@@ -25,6 +25,9 @@ from typing import Any, Mapping
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
+
+from sorjax.models.constant import Constant, constant
 
 
 class CellAdapter(nn.RNNCellBase):
@@ -39,10 +42,18 @@ class CellAdapter(nn.RNNCellBase):
   aux: Mapping[str, Any] | None = None
   param_dtype: Any = jnp.float32
 
+  def __post_init__(self):
+    # Sorted (name, value) pairs, arrays as hashable Constants: the module
+    # stays hashable (a valid static argument of jax.jit).
+    if self.aux is not None and not isinstance(self.aux, tuple):
+      object.__setattr__(self, "aux", tuple(
+          (k, constant(v)) for k, v in sorted(dict(self.aux).items())))
+    super().__post_init__()
+
   def _aux(self, batch_shape: tuple[int, ...]) -> dict[str, Any]:
     out = {}
-    for k, v in dict(self.aux or {}).items():
-      v = jnp.asarray(v)
+    for k, v in self.aux or ():
+      v = jnp.asarray(np.asarray(v) if isinstance(v, Constant) else v)
       if v.ndim and v.shape != batch_shape:
         raise ValueError(
             f"CellAdapter: aux {k!r} must be a scalar or have the batch shape "

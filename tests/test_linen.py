@@ -153,6 +153,24 @@ def test_scalar_aux_is_used():
   assert not np.allclose(cold, hot)
 
 
+def test_adapter_hashes_and_takes_a_traced_temperature():
+  cell, xs, _, _ = setup("attention_lstm")
+  assert hash(CellAdapter(cell, aux={"temperature": 0.5})) == hash(
+      CellAdapter(cell, aux={"temperature": 0.5}))
+  per_seq = CellAdapter(cell, aux={"temperature": np.full(B, 0.5)})
+  assert hash(per_seq) == hash(
+      CellAdapter(cell, aux={"temperature": np.full(B, 0.5)}))
+  params = cell.init(jax.random.key(0), xs.shape[-1])
+
+  @jax.jit  # an annealed temperature is a traced value inside a train step
+  def run(tau):
+    return nn.RNN(CellAdapter(cell, aux={"temperature": tau})).apply(
+        {"params": {"cell": params}}, xs)
+
+  _, ref = sorjax.unroll(cell, params, xs, temperature=jnp.float32(0.4))
+  close(run(jnp.float32(0.4)), ref)
+
+
 def test_per_token_aux_is_rejected_with_its_name():
   cell, xs, _, _ = setup("assignment_lstm")
   bad = {"assignment": jnp.zeros((B, T), jnp.int32)}

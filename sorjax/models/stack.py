@@ -41,6 +41,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sorjax.cells import base
+from sorjax.models.constant import constant
 from sorjax.unroll import unroll_layers
 
 FROZEN = "frozen"  # variable collection of non-trainable arrays
@@ -58,7 +59,8 @@ class RecurrentTrunk(nn.Module):
     embed_size: E for embedding="learned"; implied otherwise (may be left
       None, or given and then checked).
     embedding: one of EMBEDDINGS.
-    embedding_table: the [V, E] array for embedding="frozen".
+    embedding_table: the [V, E] array for embedding="frozen" (held as a
+      read-only, hashable `Constant` copy; only `init` reads it).
     embedding_dropout, input_dropout, hidden_dropout, output_dropout: rates.
     locked_dropout: True (all sites), False, or a tuple of DROPOUT_SITES.
     param_dtype: dtype of every parameter (cells compute in it).
@@ -83,6 +85,9 @@ class RecurrentTrunk(nn.Module):
 
   def __post_init__(self):
     object.__setattr__(self, "cells", tuple(self.cells))
+    # Hashable attributes: the module can be a static argument of jax.jit.
+    object.__setattr__(self, "embedding_table",
+                       constant(self.embedding_table))
     if not isinstance(self.locked_dropout, bool):
       object.__setattr__(self, "locked_dropout", tuple(self.locked_dropout))
     self._validate()
@@ -113,6 +118,12 @@ class RecurrentTrunk(nn.Module):
           "embedding_table is given exactly when embedding='frozen' "
           f"(embedding={self.embedding!r}, embedding_table "
           f"{'given' if self.embedding_table is not None else 'None'})")
+    if self.embedding == "frozen" and (
+        np.ndim(self.embedding_table) != 2
+        or np.shape(self.embedding_table)[0] != self.vocab_size):
+      raise self._error(
+          f"embedding_table must have shape [vocab_size={self.vocab_size}, "
+          f"E], got {np.shape(self.embedding_table)}")
     if self.embedding == "learned":
       base.check_positive_int(type(self).__name__, "embed_size",
                               self.embed_size)
@@ -203,14 +214,10 @@ class RecurrentTrunk(nn.Module):
     if self.embedding == "learned":
       init = nn.initializers.normal(stddev=1.0 / math.sqrt(self.embed_size))
       return self.param("embedding", init, (V, self.embed_size), dtype)
-    if self.embedding == "frozen":
-      table = np.asarray(self.embedding_table)
-      if table.ndim != 2 or table.shape[0] != V:
-        raise self._error(
-            f"embedding_table must have shape [vocab_size={V}, E], got "
-            f"{table.shape}")
-      return self.variable(FROZEN, "embedding",
-                           lambda: jnp.asarray(table, dtype)).value
+    if self.embedding == "frozen":  # read at init only, then stored
+      return self.variable(
+          FROZEN, "embedding",
+          lambda: jnp.asarray(np.asarray(self.embedding_table), dtype)).value
     if self.embedding == "cell":
       return jnp.asarray(self.fixed_table(), dtype)  # a constant: not trainable
     return None

@@ -174,6 +174,25 @@ def test_frozen_embedding_is_not_a_param_and_stays_put():
     close(got, h @ p["decoder"]["kernel"] + p["decoder"]["bias"], 1e-4)
 
 
+def test_models_hash_by_value_and_are_static_jit_arguments():
+  table = np.arange(V * E, dtype=np.float32).reshape(V, E)
+
+  def build(tab):
+    return LanguageModel([make("rnn", hidden_size=5)], vocab_size=V,
+                         embedding="frozen", embedding_table=tab)
+
+  model = build(table)
+  assert hash(model) == hash(build(table.copy())) and model == build(table)
+  assert model != build(table + 1)
+  table[0, 0] = 99.0  # the model holds its own read-only copy
+  assert np.asarray(model.embedding_table)[0, 0] == 0.0
+  toks = tokens_of(2, 3)
+  variables = model.init(KEY, toks)
+  logits = jax.jit(lambda m, v, t: m.apply(v, t)[0], static_argnums=0)(
+      model, variables, toks)
+  assert logits.shape == (2, 3, V)
+
+
 def test_fixed_cell_embedding_is_a_constant():
   cell = make("dyck_rnn", hidden_size=4)  # learn_embedding=False: 1-d table
   model = DyckModel([cell], vocab_size=6, embedding="cell", head="closing",
@@ -397,8 +416,7 @@ def test_bad_inputs_are_named():
     model.apply(variables, toks, (None, None))
   with pytest.raises(ValueError, match=r"shape \[vocab_size=7, E\]"):
     LanguageModel([make("rnn", hidden_size=5)], vocab_size=V,
-                  embedding="frozen",
-                  embedding_table=np.zeros((6, 3))).init(KEY, toks)
+                  embedding="frozen", embedding_table=np.zeros((6, 3)))
   with pytest.raises(ValueError, match="num_outputs"):
     DyckModel([make("rnn", hidden_size=5)], vocab_size=6, embed_size=3,
               head="closing")
