@@ -80,18 +80,13 @@ def plot_principal_angles(result: dict, path: str) -> str:
 # ---------------------------------------------------------------- heatmaps
 
 def _samples(run, split, num, text):
-  """(tokens [N, T], lengths [N], symbol strings per token)."""
-  task = run.task
+  """(tokens [N, T], lengths [N], symbol strings per sequence)."""
   if text is not None:
     ids = np.asarray(run.encode(text), np.int32)
     return ids[None], np.array([ids.size], np.int32), [_symbols(run, ids)]
-  if task.name == "lm":
-    ids = task.split_ids[split][:num * task.data_cfg.eval_bptt]
-    return (ids[None].astype(np.int32), np.array([ids.size], np.int32),
-            [_symbols(run, ids)])
-  tokens, lengths, _ = next(traces.batches(task, split, max_sequences=num))
-  return (tokens, lengths,
-          [_symbols(run, tokens[i, :lengths[i]]) for i in range(len(lengths))])
+  tokens, lengths = traces.sample(run.task, split, num)
+  return tokens, lengths, [_symbols(run, tokens[i, :n])
+                           for i, n in enumerate(lengths)]
 
 
 def _symbols(run, ids) -> list[str]:
@@ -104,9 +99,9 @@ def _symbols(run, ids) -> list[str]:
 
 def attention_map(run, split: str | None = None, num: int = 4,
                   text: str | None = None, tau: float | None = None) -> dict:
-  """alpha_t of each multi-cell LSTM layer for `num` sequences of a split
-  (an LM run: its first num * eval_bptt tokens as one stream), or for
-  `text` encoded with the run's vocabulary."""
+  """alpha_t of each multi-cell LSTM layer for the first `num` sequences of
+  a split (`traces.sample`: an LM split's first windows, each from a zero
+  state), or for `text` encoded with the run's vocabulary."""
   name = "attention_heatmap"
   require_task(name, run, TOKEN_TASKS)
   layers = require_layers(name, run, MULTI_CELL_LSTMS, WHAT)

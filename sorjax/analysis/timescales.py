@@ -56,7 +56,7 @@ def timescale_from_forget(f_bar) -> np.ndarray:
   """Eq. 3: T_est = -1 / log(f_bar), in float64 (f_bar = 1 -> inf)."""
   f = np.asarray(f_bar, np.float64)
   with np.errstate(divide="ignore"):
-    return -1.0 / np.log(f)
+    return np.where(f >= 1.0, np.inf, -1.0 / np.log(f))
 
 
 def bias_timescales(cell, params) -> np.ndarray:
@@ -212,12 +212,6 @@ def plot_ks(result: dict, path: str) -> str:
 
 # ---------------------------------------------------------------- heatmap
 
-def _first_batch(run, split):
-  for tokens, lengths, _ in traces.batches(run.task, split, max_sequences=64):
-    return tokens, lengths
-  raise fail("forget_heatmap", run, f"split {split!r} is empty")
-
-
 def group_rows(values: np.ndarray, order: np.ndarray, group: int
                ) -> np.ndarray:
   """values [H, ...] reordered by `order`, then averaged over consecutive
@@ -230,24 +224,28 @@ def group_rows(values: np.ndarray, order: np.ndarray, group: int
 def forget_heatmap(run, split: str | None = None, index: int = 0,
                    group: int | None = None, tau: float | None = None
                    ) -> dict:
-  """Forget gates of sequence `index` of the split's first batch, per
+  """Forget gates of sequence `index` of a split (`traces.sample`; an LM
+  split's index-th window of eval_bptt tokens, from a zero state), per
   lstm-like layer: units sorted by increasing mean gate over the sequence,
   averaged in groups of `group` (default 10, or 1 below 100 units)."""
   name = "forget_heatmap"
   layers = _layers(name, run)
   split = check_split(name, run, split)
-  tokens, lengths = _first_batch(run, split)
-  if not 0 <= index < int(np.sum(np.asarray(lengths) > 0)):
-    raise ValueError(f"{name}: index {index} out of range: the first batch "
-                     f"of {split!r} has {int(np.sum(lengths > 0))} sequences")
+  if not isinstance(index, int) or index < 0:
+    raise ValueError(f"{name}: index must be an int >= 0, got {index!r}")
+  tokens, lengths = traces.sample(run.task, split, index + 1)
+  if index >= len(lengths) or lengths[index] == 0:
+    raise ValueError(f"{name}: index {index} out of range: split {split!r} "
+                     f"has {len(lengths)} sequences")
+  tokens, lengths = tokens[index:index + 1], lengths[index:index + 1]
   out = traces.trace(run.task, run.params, tokens, lengths,
                      temperature(run, tau))
-  n = int(lengths[index])
+  n = int(lengths[0])
   cells = layer_cells(run)
   res = {"split": split, "index": index, "length": n,
-         "tokens": np.asarray(tokens[index, :n]), "layers": {}}
+         "tokens": np.asarray(tokens[0, :n]), "layers": {}}
   for l in layers:
-    f = np.asarray(out.layers[l].f[index, :n], np.float64).T     # [H, T]
+    f = np.asarray(out.layers[l].f[0, :n], np.float64).T         # [H, T]
     H = f.shape[0]
     g = group or (10 if H >= 100 else 1)
     order = np.argsort(f.mean(1), kind="stable")

@@ -184,6 +184,26 @@ def batches(task, split: str, max_tokens: int | None = None,
     yield b.inputs, b.lengths, False
 
 
+def sample(task, split: str, num: int) -> tuple[np.ndarray, np.ndarray]:
+  """(tokens [n, T], lengths [n]) of the first `num` sequences of a split,
+  as the model reads them: Dyck tasks' sequences in split order; an LM
+  split's first `num` consecutive windows of eval_bptt tokens."""
+  if task.name == "lm":
+    L = task.data_cfg.eval_bptt
+    ids = np.asarray(task.split_ids[split][:num * L], np.int32)
+    n = max(1, ids.size // L)
+    rows = [ids[i * L:(i + 1) * L] for i in range(n)]
+  else:
+    from sorjax.data import batching
+    seqs = list(task.splits[split][:num])
+    rows = seqs if task.name == "dyck_pcfg" else batching.lm_pairs(seqs)[0]
+  lengths = np.array([len(r) for r in rows], np.int32)
+  tokens = np.zeros((len(rows), max(lengths.max(initial=0), 1)), np.int32)
+  for i, r in enumerate(rows):
+    tokens[i, :len(r)] = r
+  return tokens, lengths
+
+
 def split_traces(task, params, split: str, temperature: float = 1.0,
                  max_tokens: int | None = None,
                  max_sequences: int | None = None
@@ -201,4 +221,4 @@ def split_traces(task, params, split: str, temperature: float = 1.0,
 
 
 __all__ = ["LayerTrace", "Trace", "batches", "embed", "forget_gate",
-           "split_traces", "trace"]
+           "sample", "split_traces", "trace"]
