@@ -1,0 +1,98 @@
+"""Per-position-in-word loss and prediction examples (Maupome & Meurs Fig.
+2-3) on a hand-made character stream."""
+
+import math
+import types
+
+import numpy as np
+import pytest
+
+from sorjax.analysis import characters as ch
+from sorjax.analysis.common import AnalysisError
+from sorjax.data import batching
+from sorjax.data.vocab import Vocab
+
+SYMBOLS = ["<eos>", "_", "a", "b", "c", "d"]
+
+
+def test_word_positions_by_hand():
+  s = ["a", "b", "_", "c", "<eos>", "d", "a", "b", "_", "_", "c"]
+  assert ch.word_positions(s).tolist() == [1, 2, 0, 1, 0, 1, 2, 3, 0, 0, 1]
+
+
+class _CharRun:
+  """token_losses like the LM task's, with loss = 10 * (position in the
+  split) so every mean is checkable; log_probs a fixed bigram table."""
+
+  def __init__(self, text, corpus="ptb_char"):
+    self.vocab = Vocab(SYMBOLS, eos="<eos>", unk=None)
+    ids = self.vocab.encode(text.split())
+    self.table = np.log(np.random.default_rng(0).dirichlet(
+        np.ones(len(SYMBOLS)), len(SYMBOLS)))
+    self.task = types.SimpleNamespace(name="lm", vocab=self.vocab,
+                                      split_ids={"test": ids},
+                                      token_losses=self._losses)
+    self.config = types.SimpleNamespace(data=types.SimpleNamespace(
+        corpus=corpus))
+    self.params, self.workdir = None, "/fake"
+
+  def eval_temperature(self):
+    return 1.0
+
+  def _losses(self, params, split, temperature):
+    ids = self.task.split_ids[split]
+    pos = np.arange(ids.size, dtype=np.int32)
+    for b, p in zip(batching.StreamBatcher(ids, 2, 3, pad_to=3),
+                    batching.StreamBatcher(pos, 2, 3, pad_to=3)):
+      yield b.inputs, b.targets, b.lengths, 10.0 * p.targets
+
+  def log_probs(self, tokens, lengths=None, temperature=None):
+    return self.table[np.asarray(tokens)]
+
+
+TEXT = "a b _ c <eos> d a b c d _ a <eos> b a _ c d a <eos>"
+
+
+def test_position_losses_by_hand(tmp_path):
+  run = _CharRun(TEXT)
+  res = ch.position_losses(run, "test", max_position=3)
+  pos = ch.word_positions(TEXT.split())
+  N = len(pos) // 2                       # 2 streams: rows start unscored
+  scored = [i for r in range(2) for i in range(r * N + 1, (r + 1) * N)]
+  for k in (1, 2):
+    at = [i for i in scored if pos[i] == k]
+    assert res["count"][k - 1] == len(at)
+    assert res["loss"][k - 1] == pytest.approx(10.0 * np.mean(at))
+  late = [i for i in scored if pos[i] >= 3]          # pooled: 3 or later
+  assert res["loss"][2] == pytest.approx(10.0 * np.mean(late))
+  assert res["bits"][0] == pytest.approx(res["loss"][0] / math.log(2))
+  assert res["boundary"]["count"] == sum(pos[i] == 0 for i in scored)
+  ch.plot_positions(res, str(tmp_path / "p.png"))
+  assert (tmp_path / "p.png").stat().st_size > 0
+
+
+def test_prediction_examples_are_bigram_argmaxes(tmp_path):
+  run = _CharRun(TEXT)
+  res = ch.prediction_examples(run, "test", num=2, min_length=4,
+                               max_length=10)
+  ex = res["examples"]
+  assert [e["text"] for e in ex] == ["ab c", "dabcd a"]
+  vocab = run.vocab
+  for e, line in zip(ex, (["a", "b", "_", "c"],
+                          ["d", "a", "b", "c", "d", "_", "a"])):
+    prev = ["<eos>"] + line[:-1]
+    want = [SYMBOLS[int(np.argmax(run.table[vocab.id(p)]))] for p in prev]
+    assert e["predicted"] == "".join(" " if w == "_" else w for w in want)
+    assert e["correct"] == pytest.approx(np.mean(
+        [w == t for w, t in zip(want, line)]))
+  ch.plot_examples(res, str(tmp_path / "e.png"))
+  assert (tmp_path / "e.png").stat().st_size > 0
+  with pytest.raises(AnalysisError, match="no line of 30..40 characters"):
+    ch.prediction_examples(run, "test", min_length=30, max_length=40)
+
+
+def test_word_level_runs_are_an_error():
+  run = _CharRun(TEXT, corpus="ptb")
+  with pytest.raises(AnalysisError, match="needs a character LM .* corpus "
+                     "'ptb' is word-level"):
+    ch.position_losses(run, "test")

@@ -1,0 +1,172 @@
+"""Minimal pairs: JSONL reading with located errors, text -> symbols with
+<unk> counting, scores and per-category accuracy under a hand-set bigram
+LM, per-token log-probabilities, BLiMP through its builder."""
+
+import gzip
+import json
+import os
+import shutil
+import types
+
+import numpy as np
+import pytest
+
+from sorjax.analysis import minimal_pairs as mp
+from sorjax.analysis.common import AnalysisError
+from sorjax.data.vocab import Vocab
+
+WORDS = ["<eos>", "<unk>", "the", "cat", "cats", "sleeps", "sleep", "does",
+         "n't", "'s", "do"]
+
+
+class _BigramRun:
+  """A 'run' whose LM is a fixed bigram table: log p(w_t+1 | w_t)."""
+
+  def __init__(self, symbols=WORDS, corpus="ptb", unk="<unk>", seed=0):
+    self.vocab = Vocab(symbols, eos="<eos>", unk=unk)
+    V = len(symbols)
+    p = np.random.default_rng(seed).dirichlet(np.ones(V), V)
+    self.table = np.log(p)
+    self.task = types.SimpleNamespace(name="lm", vocab=self.vocab)
+    self.config = types.SimpleNamespace(data=types.SimpleNamespace(
+        corpus=corpus))
+    self.workdir = f"/fake/{corpus}"
+
+  def log_probs(self, tokens, lengths=None, temperature=None):
+    return self.table[np.asarray(tokens)]
+
+  def score(self, symbols):
+    ids = [self.vocab.id(s) for s in ["<eos>"] + symbols]
+    return sum(self.table[a, b] for a, b in zip(ids, ids[1:]))
+
+
+def _write(path, records, gz=False):
+  opener = gzip.open if gz else open
+  with opener(path, "wt", encoding="utf-8") as f:
+    for r in records:
+      f.write((r if isinstance(r, str) else json.dumps(r)) + "\n")
+  return str(path)
+
+
+def test_read_pairs_files_directories_and_located_errors(tmp_path):
+  _write(tmp_path / "agr.jsonl", [
+      {"sentence_good": "a b", "sentence_bad": "b a", "UID": "x"},
+      {"sentence_good": "c", "sentence_bad": "d"}])
+  _write(tmp_path / "npi.jsonl.gz", [
+      {"sentence_good": "e", "sentence_bad": "f", "UID": "y"}], gz=True)
+  pairs = mp.read_pairs(str(tmp_path))
+  assert pairs == [mp.Pair("a b", "b a", "x"), mp.Pair("c", "d", "agr"),
+                   mp.Pair("e", "f", "y")]
+  assert mp.read_pairs(str(tmp_path / "agr.jsonl"), None)[0].category == "agr"
+  os.makedirs(tmp_path / "bad")
+  bad = _write(tmp_path / "bad" / "b.jsonl", [
+      {"sentence_good": "a", "sentence_bad": "b"}, "{not json"])
+  with pytest.raises(ValueError, match=r"b\.jsonl:2: not a JSON line"):
+    mp.read_pairs(bad)
+  _write(tmp_path / "bad" / "b.jsonl", [{"sentence_good": "a"}])
+  with pytest.raises(ValueError, match=r"b\.jsonl:1: field 'sentence_bad' "
+                     "must be a non-empty string"):
+    mp.read_pairs(bad)
+  with pytest.raises(FileNotFoundError, match="no such file"):
+    mp.read_pairs(str(tmp_path / "nope.jsonl"))
+
+
+def test_text_to_symbols_with_unk_and_dropped_punctuation():
+  run = _BigramRun()
+  norm = mp.normalisation(run)
+  assert norm == {"lowercase": True, "punctuation": "drop"}
+  enc = mp.encode_sentence(run, "The dog doesn't sleep, the cat's.")
+  assert enc.words == ["the", "dog", "does", "n't", "sleep", "the", "cat",
+                       "'s"]
+  assert enc.symbols == ["the", "<unk>", "does", "n't", "sleep", "the", "cat",
+                         "'s"]
+  assert enc.oov == ["dog"] and enc.dropped == [",", "."]
+  kept = mp.encode_sentence(run, "The cat.", {"lowercase": False,
+                                              "punctuation": "keep"})
+  assert kept.symbols == ["<unk>", "cat", "<unk>"] and kept.oov == ["The",
+                                                                     "."]
+
+
+def test_character_corpora_join_words_their_way():
+  chars = ["<eos>", "_", " ", "t", "h", "e", "c", "a"]
+  run = _BigramRun(chars, corpus="ptb_char", unk=None)
+  assert mp.encode_sentence(run, "The  cat").symbols == list("the_cat")
+  run = _BigramRun(chars, corpus="ptb_char_maupome", unk=None)
+  assert mp.encode_sentence(run, "The, cat!").symbols == list("the cat")
+  with pytest.raises(ValueError, match="character 'z' is not in the "
+                     "ptb_char_maupome vocabulary"):
+    mp.encode_sentence(run, "the zebra")
+
+
+def test_scores_and_category_accuracy_under_a_bigram_lm(tmp_path):
+  run = _BigramRun()
+  pairs = [mp.Pair("The cat sleeps.", "The cat sleep.", "agreement"),
+           mp.Pair("The cats sleep.", "The cats sleeps.", "agreement"),
+           mp.Pair("The dog doesn't sleep", "The dog don't sleep", "npi")]
+  sym = [(["the", "cat", "sleeps"], ["the", "cat", "sleep"]),
+         (["the", "cats", "sleep"], ["the", "cats", "sleeps"]),
+         (["the", "<unk>", "does", "n't", "sleep"],
+          ["the", "<unk>", "do", "n't", "sleep"])]
+  want = np.array([[run.score(g), run.score(b)] for g, b in sym])
+  res = mp.evaluate(run, pairs, batch_size=2)
+  np.testing.assert_allclose(res["scores"], want, rtol=1e-12)
+  ok = want[:, 0] > want[:, 1]
+  assert res["accuracy"] == pytest.approx(ok.mean())
+  assert res["categories"]["agreement"] == {
+      "pairs": 2, "correct": int(ok[:2].sum()),
+      "accuracy": pytest.approx(ok[:2].mean())}
+  assert res["oov"]["tokens"] == 2 and res["oov"]["types"] == 1
+  assert res["oov"]["sentences"] == 2 and res["oov"]["pairs"] == 1
+  assert res["oov"]["most_common"] == [("dog", 2)]
+  assert res["dropped_punctuation"] == {".": 4}
+  eos = mp.evaluate(run, pairs[:1], score_eos=True)["scores"][0, 0]
+  assert eos == pytest.approx(want[0, 0] + run.table[
+      run.vocab.id("sleeps"), 0])
+  other = _BigramRun(seed=1)
+  both = mp.compare([run, other], pairs)
+  assert both["runs"] == ["/fake/ptb", "/fake/ptb"]
+  mp.plot_categories(both["results"], ["a", "b"], str(tmp_path / "c.png"))
+  assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_per_token_log_probs_of_one_sentence(tmp_path):
+  run = _BigramRun()
+  res = mp.sentence_log_probs(run, "The dog sleeps")
+  ids = [run.vocab.id(s) for s in ["<eos>", "the", "<unk>", "sleeps"]]
+  np.testing.assert_allclose(res["log_probs"], [
+      run.table[a, b] for a, b in zip(ids, ids[1:])])
+  assert res["words"] == ["the", "dog", "sleeps"] and res["oov"] == ["dog"]
+  assert res["total"] == pytest.approx(run.score(["the", "<unk>", "sleeps"]))
+  mp.plot_sentence([res, mp.sentence_log_probs(_BigramRun(seed=2),
+                                               "The dog sleeps")],
+                   ["a", "b"], str(tmp_path / "s.png"))
+  assert (tmp_path / "s.png").stat().st_size > 0
+
+
+def test_minimal_pairs_need_an_lm_run():
+  run = _BigramRun()
+  run.task.name = "dyck_lm"
+  with pytest.raises(AnalysisError, match="needs a 'lm' run"):
+    mp.evaluate(run, [mp.Pair("a", "b", "c")])
+
+
+def test_blimp_through_its_builder_equals_the_jsonl_files(tmp_path,
+                                                          shared_data):
+  src = os.path.join(shared_data, "blimp")
+  names = ["anaphor_gender_agreement", "determiner_noun_agreement_1"]
+  manual = tmp_path / "blimp"
+  manual.mkdir()
+  for n in names:
+    shutil.copy(os.path.join(src, f"{n}.jsonl.gz"), manual)
+  pairs = mp.blimp_pairs(data_dir=str(tmp_path / "tfds"),
+                         manual_dir=str(manual), verify_checksums=False)
+  direct = mp.read_pairs(str(manual))
+  assert len(pairs) == 2000 and sorted(pairs) == sorted(direct)
+  assert {p.category for p in pairs} == set(names)
+  field = mp.blimp_pairs(data_dir=str(tmp_path / "tfds"),
+                         manual_dir=str(manual), verify_checksums=False,
+                         category="field", phenomena=names[:1])
+  assert len(field) == 1000 and {p.category for p in field} == {"morphology"}
+  with pytest.raises(ValueError, match="unknown phenomena"):
+    mp.blimp_pairs(data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
+                   verify_checksums=False, phenomena=["nope"])
