@@ -123,10 +123,27 @@ def sorjax_case(spec: dict) -> JaxCase:
                  {"tokens_per_step": max(R, 1) * B * T}, stateful)
 
 
+def prototype_case(spec: dict) -> JaxCase:
+  """A `benchmarks.prototypes` fast path of a cell, same params and data."""
+  from benchmarks import prototypes
+  name, hp = spec["cell"], spec["hparams"]
+  B, T, D = spec["B"], spec["T"], spec["D"]
+  cell = cells.make(name, **hp)
+  fn = prototypes.prototype_unroll(name)
+  xs, G = _data(jax.random.key(1), B, T, D, cell.hidden_size)
+
+  def fwd(p, xs, aux):
+    return fn(cell, p, xs)
+
+  return JaxCase(vjp_step(fwd), (cell.init(jax.random.key(0), D), xs, {}, G),
+                 {"tokens_per_step": B * T})
+
+
 def naive_case(spec: dict) -> JaxCase:
   """The naive form at the requested T when it fits `mem_budget` bytes and
-  `max_step_s` seconds a step; else at the largest T' that does (tokens/s
-  per step is flat in T for the naive form; memory is reported at full T)."""
+  `max_step_s` seconds a step; else at the largest T' that does (its cost
+  per token is flat in T). Memory is XLA's figure at the full T (compiled,
+  not run). The cost per step is estimated from a run at T = 2."""
   name, hp = spec["cell"], spec["hparams"]
   B, T, D = spec["B"], spec["T"], spec["D"]
   cell = cells.make(name, **hp)
@@ -141,23 +158,22 @@ def naive_case(spec: dict) -> JaxCase:
     return JaxCase(vjp_step(fwd), (params, xs, aux, G),
                    {"tokens_per_step": B * t, "measured_T": t})
 
-  case = build(T)
-  need = case.info["peak_bytes"]
-  budget = spec.get("mem_budget")
+  full = build(T)
+  need = full.info["peak_bytes"]
   t = T
-  while budget and case.info["peak_bytes"] > budget and t > 1:
-    t = max(1, int(t * budget / case.info["peak_bytes"] * 0.9))
-    case = build(t)
-  max_s = spec.get("max_step_s")
-  if max_s:
-    case.run(1)
+  budget, max_s = spec.get("mem_budget"), spec.get("max_step_s")
+  if budget and need > budget:
+    t = max(2, int(T * budget / need))
+  if max_s and t > 2:
+    probe = build(2)
+    probe.run(1)
     t0 = time.perf_counter()
-    case.run(1)
-    dt = time.perf_counter() - t0
-    if dt > max_s and t > 2:
-      case = build(max(2, int(t * max_s / dt)))
-  case.info.update(full_T_peak_bytes=need,
-                   executed_peak_bytes=case.info["peak_bytes"],
+    probe.run(1)
+    per_t = (time.perf_counter() - t0) / 2
+    t = max(2, min(t, int(max_s / per_t)))
+  case = full if t == T else build(t)
+  del full
+  case.info.update(executed_peak_bytes=case.info["peak_bytes"],
                    peak_bytes=need)
   return case
 
@@ -290,7 +306,8 @@ def tree_case(spec: dict) -> JaxCase:
                  {"tokens_per_step": compositions, "sequential_steps": steps})
 
 
-BUILDERS = {"sorjax": sorjax_case, "naive": naive_case, "flax_lstm": flax_case,
+BUILDERS = {"sorjax": sorjax_case, "naive": naive_case,
+            "prototype": prototype_case, "flax_lstm": flax_case,
             "cudnn_lstm": cudnn_case, "matmul": matmul_case,
             "tree_level": tree_case, "tree_node": tree_case}
 

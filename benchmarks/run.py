@@ -276,6 +276,7 @@ class Bench:
     self.workers = {"jax": Worker("benchmarks.jax_worker", log),
                     "torch": Worker("benchmarks.torch_worker", log)}
     self.log = log
+    self.clock = "cpu_seconds" if args.clock == "cpu" else "seconds"
     self.counter = 0
     self.raw: list[dict] = []
 
@@ -305,6 +306,7 @@ class Bench:
       if c.framework == "torch" and not self.torch_ok:
         c.error = "skipped: torch not installed (pip install -e '.[bench]')"
     live, iters = [], {}
+    t0 = time.perf_counter()
     for c in mm + todo:
       self.counter += 1
       c.info["id"] = f"c{self.counter}"
@@ -316,6 +318,8 @@ class Bench:
       c.info.update(rep)
       iters[c.key] = max(1, round(p.min_round_s / max(rep["step_s"], 1e-6)))
       live.append(c)
+    _note(f"  {', '.join(c.label for c in todo)}: prepared in "
+          f"{time.perf_counter() - t0:.0f} s; {p.rounds} rounds")
     for r in range(p.rounds):
       k = r % max(len(live), 1)
       for c in live[k:] + live[:k]:
@@ -323,7 +327,7 @@ class Bench:
                          n=iters[c.key])
         c.rates.append(None if rep is None else
                        c.info["tokens_per_step"] * iters[c.key]
-                       / rep["seconds"])
+                       / rep[self.clock])
     for c in live:
       self._call(c, 60, cmd="release", id=c.info["id"])
     if self.args.torch_memory:
@@ -783,6 +787,10 @@ def parse_args(argv=None):
   ap.add_argument("--min-round-seconds", type=float, default=None)
   ap.add_argument("--mem-budget-gb", type=float, default=4.0,
                   help="largest naive step to execute (default 4 GB)")
+  ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
+                  help="wall time (default) or the worker's CPU time (all "
+                       "threads; steadier on a loaded machine, but counts "
+                       "spinning threads as work)")
   ap.add_argument("--no-torch", action="store_true",
                   help="measure JAX contenders only")
   ap.add_argument("--no-torch-memory", dest="torch_memory",
@@ -838,8 +846,8 @@ def main(argv=None) -> int:
           f"- machine: {_cpu()}, {os.cpu_count()} cores; {_versions(torch_ok)}\n"
           f"- load average (1, 5, 15 min) at start: {load0}\n"
           f"- rounds per group: {profile.rounds} (order rotating), >= "
-          f"{profile.min_round_s} s per timing; medians; ratios are medians "
-          f"of per-round ratios\n"
+          f"{profile.min_round_s} s per timing; {args.clock} clock; medians; "
+          f"ratios are medians of per-round ratios\n"
           f"- worker log: {log}")
   rep = Report()
   rep.add(head)

@@ -53,6 +53,7 @@ def label(spec: dict) -> str:
   base = {
       "sorjax": "sorjax {cell}",
       "naive": "naive {cell}",
+      "prototype": "prototype {cell} (batched dW)",
       "torch_lstm": "torch.nn.LSTM",
       "torch_loop": "torch loop {cell}",
       "flax_lstm": "flax OptimizedLSTMCell",

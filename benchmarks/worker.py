@@ -5,7 +5,8 @@ line on its stdin and reads one reply per line:
 
     {"cmd": "prepare", "id": "c3", "spec": {...}}
         -> {"ok": true, "step_s": 0.012, "peak_bytes": ..., ...}
-    {"cmd": "time", "id": "c3", "n": 10}   -> {"ok": true, "seconds": 0.118}
+    {"cmd": "time", "id": "c3", "n": 10}
+        -> {"ok": true, "seconds": 0.118, "cpu_seconds": 0.230}
     {"cmd": "release", "id": "c3"}         -> {"ok": true}
     {"cmd": "quit"}
 
@@ -69,9 +70,10 @@ def serve(make_case: Callable[[dict], Case]) -> None:
         reply(ok=True, step_s=step_s, **case.info)
       elif cmd == "time":
         case = cases[msg["id"]]
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         case.run(int(msg["n"]))
-        reply(ok=True, seconds=time.perf_counter() - t0)
+        reply(ok=True, seconds=time.perf_counter() - t0,
+              cpu_seconds=time.process_time() - c0)
       elif cmd == "release":
         cases.pop(msg["id"], None)
         gc.collect()

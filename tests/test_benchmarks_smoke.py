@@ -1,0 +1,216 @@
+"""The benchmark harness cannot rot: a tiny run end to end, plus its parts.
+
+Benchmarks are not tests; these check that `python -m benchmarks.run` still
+runs and reports, that its FLOP counts and statistics are right, and that
+the naive and node-by-node baselines compute what they claim. Torch parts
+skip (with the reason) when torch is not installed: CI installs only the
+`test` extra.
+"""
+
+import importlib.util
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sorjax
+from benchmarks import flops, jax_worker, naive, run, specs
+from tests.cells.reference import intermediate_shapes
+
+HAS_TORCH = importlib.util.find_spec("torch") is not None
+needs_torch = pytest.mark.skipif(
+    not HAS_TORCH, reason="torch not installed (the 'bench' extra)")
+
+
+# ------------------------------------------------------------------ FLOPs
+
+def test_flops_hand_counts():
+  # LSTM, D = H = 256: (D + H) 4H multiply-adds, x2 FLOPs, x3 fwd + bwd.
+  assert flops.train_flops("lstm", {"hidden_size": 256}, 256) == \
+      3 * 2 * 512 * 1024
+  # mRNN D=3, H=4, M=5: B x (15) + D x (12) + C h (20) + m A (20) = 67.
+  assert flops.forward_macs("mrnn", {"hidden_size": 4,
+                                     "intermediate_size": 5}, 3) == 67
+  # general2 adds E h (16).
+  assert flops.forward_macs("general2", {"hidden_size": 4,
+                                         "intermediate_size": 5}, 3) == 83
+  # mmRNN D=3, H=2, K=4: x W_hx 6, x P_x 12, h W 16, h P_h 8, v P_v 16,
+  # mixture 8 = 66.
+  assert flops.forward_macs("mm_rnn", {"hidden_size": 2,
+                                       "num_matrices": 4}, 3) == 66
+  assert flops.matmul_flops(2048) == 2 * 2048 ** 3
+
+
+def test_flops_unknown_cell_is_named():
+  with pytest.raises(ValueError, match="'nope'"):
+    flops.forward_macs("nope", {"hidden_size": 4}, 3)
+
+
+def test_every_benchmarked_cell_has_a_flop_count():
+  for name in run._ALL:
+    hp = specs.cell_hparams(name, 8)
+    assert flops.train_flops(name, hp, specs.input_size(name, 8)) > 0
+
+
+# ------------------------------------------------------------------ baselines
+
+def _setup(name, B=3, T=5, H=6):
+  hp = specs.cell_hparams(name, H)
+  if name == "attention_lstm":
+    hp["mix"] = "gates"
+  cell = sorjax.cells.make(name, **hp)
+  D = 4 if name != "tensor_rnn" else 7
+  params = cell.init(jax.random.key(0), D, jnp.float64)
+  xs = jax.random.normal(jax.random.key(1), (B, T, D), jnp.float64)
+  aux = {}
+  if name == "attention_lstm":
+    aux = {"temperature": jnp.float64(0.6)}
+  if name == "assignment_lstm":
+    aux = {"assignment": jax.random.randint(jax.random.key(2), (B, T), 0, 2)}
+  return cell, params, xs, aux
+
+
+@pytest.mark.parametrize("name", specs.SECOND_ORDER)
+def test_naive_form_equals_the_cell_and_materialises_w_hh(name):
+  """The naive step is another implementation of the same equations (it
+  forms W_hh(x_t)), so it must agree with sorjax.unroll, and it must really
+  build the per-example [B, H, H'] matrix the factored cells avoid."""
+  B, H = 3, 6
+  with jax.enable_x64(True):
+    cell, params, xs, aux = _setup(name, B=B, H=H)
+    both = jax.jit(lambda p, x, a: (sorjax.unroll(cell, p, x, **a)[1],
+                                    naive.naive_unroll(name, cell, p, x, **a)))
+    ys, yn = both(params, xs, aux)
+    np.testing.assert_allclose(yn, ys, rtol=1e-10, atol=1e-12)
+    shapes = intermediate_shapes(
+        lambda p: naive.naive_unroll(name, cell, p, xs, **aux), params)
+  per_example = [s for s in shapes if s in ((B, H, H), (B, H, 4 * H))]
+  assert per_example, f"naive {name} built no [B, H, H'] array: {shapes}"
+
+
+def test_naive_rejects_first_order_and_state_mixing():
+  cell = sorjax.cells.make("lstm", hidden_size=4)
+  with pytest.raises(ValueError, match="'lstm'"):
+    naive.naive_unroll("lstm", cell, {}, jnp.zeros((1, 2, 3)))
+  cell = sorjax.cells.make("attention_lstm", hidden_size=4, num_cells=2)
+  params = jax.eval_shape(lambda: cell.init(jax.random.key(0), 3))
+  with pytest.raises(ValueError, match="mix='gates'"):
+    jax.eval_shape(lambda p: naive.naive_unroll(
+        "attention_lstm", cell, p, jnp.zeros((1, 2, 3)),
+        temperature=jnp.float32(1.0)), params)
+
+
+def test_node_by_node_equals_level_schedule():
+  from sorjax import trees
+  forest = jax_worker.random_trees(4, 2, 7, seed=3)
+  schedule = trees.encode(forest)
+  node, left, right = jax_worker.node_order(schedule)
+  N = schedule.node_mask.shape[1]
+  # Every internal node once; both children written before the parent.
+  for b in range(4):
+    done = set(np.flatnonzero(schedule.leaf_mask[b]) + b * N)
+    for s in range(node.shape[0]):
+      if node[s, b] >= 4 * N:
+        continue
+      assert left[s, b] in done and right[s, b] in done
+      done.add(node[s, b])
+    assert len(done) == schedule.node_mask[b].sum()
+  cell = sorjax.cells.make("tree_lstm", hidden_size=5)
+  params = cell.init(jax.random.key(0), 5)
+  leaves = jax.random.normal(jax.random.key(1),
+                             (4, schedule.tokens.shape[1], 5))
+  roots, by_node = jax.jit(lambda p, x: (
+      trees.run(cell, p, x, schedule)[1][0],
+      jax_worker.run_node_by_node(cell, p, x, schedule, (node, left, right))
+  ))(params, leaves)
+  np.testing.assert_allclose(by_node, roots, rtol=1e-5, atol=1e-6)
+
+
+# ------------------------------------------------------------------ statistics
+
+def _fake(rates, flops_per_token=None, framework="jax"):
+  c = run.Contender("k", {"impl": "matmul", "framework": framework, "n": 2},
+                    framework, flops_per_token)
+  c.rates = list(rates)
+  return c
+
+
+def test_paired_ratio_and_roofline_fraction():
+  # Load drifts 2x between rounds; the paired ratio stays exactly 2.
+  a, b = _fake([200, 100, 400]), _fake([100, 50, 200])
+  mm_x = _fake([10, 5, 20], flops_per_token=100)          # 1000, 500, 2000
+  mm_t = _fake([12, 4, None], flops_per_token=100, framework="torch")
+  g = run.Group([mm_x, mm_t], [a, b])
+  assert g.ratio(a, b) == 2.0
+  assert g.roof == [1200, 500, 2000]                        # the faster per round
+  a.flops_per_token = 3
+  assert g.fraction(a) == pytest.approx(np.median([0.5, 0.6, 0.6]))
+  assert a.rate == 200
+
+
+def test_cli_rejects_unknown_sections_and_cells(capsys):
+  with pytest.raises(SystemExit):
+    run.parse_args(["--sections", "lstm,bogus"])
+  assert "--sections" in capsys.readouterr().err
+  with pytest.raises(SystemExit):
+    run.parse_args(["--cells", "mrnn,nope"])
+  assert "'nope'" in capsys.readouterr().err
+
+
+def test_worker_reports_a_bad_spec_and_keeps_serving(tmp_path):
+  w = run.Worker("benchmarks.jax_worker", tmp_path / "log")
+  try:
+    rep = w.request(120, cmd="prepare", id="x", spec={"impl": "nope"})
+    assert not rep["ok"] and "'nope'" in rep["error"]
+    assert w.request(60, cmd="ping") == {"ok": True}
+  finally:
+    w.close()
+
+
+# ------------------------------------------------------------------ end to end
+
+def _groups(path):
+  """Per group, its contenders by label."""
+  return [{c["label"]: c for c in g["contenders"]}
+          for g in json.loads(path.read_text())]
+
+
+def test_smoke_run_jax_only(tmp_path):
+  out, raw = tmp_path / "r.md", tmp_path / "r.json"
+  assert run.main(["--smoke", "--no-torch", "--sections", "lstm,dyck",
+                   "--out", str(out), "--json", str(raw)]) == 0
+  text = out.read_text()
+  for heading in ("## Targets", "## LSTM against torch.nn.LSTM and flax",
+                  "## Small-model regime", "replicas trained at once",
+                  "Load average at end"):
+    assert heading in text
+  lstm, dyck, replicas = _groups(raw)
+  assert lstm["torch.nn.LSTM"]["error"].startswith(
+      "skipped: torch not installed")
+  for g, label in ((lstm, "sorjax lstm"), (lstm, "flax OptimizedLSTMCell"),
+                   (dyck, "sorjax lstm"),
+                   (replicas, "sorjax lstm [x3 replicas (vmap), +adam]")):
+    assert g[label]["error"] is None
+    assert len(g[label]["rates"]) == 2 and all(r > 0 for r in g[label]["rates"])
+    assert g[label]["info"]["peak_bytes"] > 0
+  assert replicas["sorjax lstm [x3 replicas (vmap), +adam]"]["info"][
+      "tokens_per_step"] == 3 * 2 * 6
+  assert lstm["sorjax lstm"]["fraction"] > 0
+  assert "| skipped |" in text
+
+
+@needs_torch
+def test_smoke_run_with_torch(tmp_path):
+  out, raw = tmp_path / "r.md", tmp_path / "r.json"
+  assert run.main(["--smoke", "--sections", "cells", "--cells", "mrnn",
+                   "--out", str(out), "--json", str(raw)]) == 0
+  (cs,) = _groups(raw)
+  for label in ("sorjax mrnn", "naive mrnn", "torch loop mrnn"):
+    assert cs[label]["error"] is None, cs[label]["error"]
+    assert all(r > 0 for r in cs[label]["rates"])
+    assert cs[label]["info"]["peak_bytes"] > 0
+  groups = json.loads(raw.read_text())
+  assert groups[0]["roofline_gflops"]["torch"] > 0
+  assert "| mrnn |" in out.read_text()
