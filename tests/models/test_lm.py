@@ -51,6 +51,32 @@ def test_logits_shape_and_carries_of_a_mixed_stack():
                                       "decoder"}
 
 
+def test_differently_configured_layers_multi_timescale():
+  """Mahto et al. 3.1.1 in miniature: layer 1 half T = 3, half T = 4; layer
+  2 inverse-gamma timescales; layer 3 a plain LSTM. Each layer reads the
+  previous one's size and keeps its own params."""
+  layers = [make("mts_lstm", hidden_size=6, timescales=(
+                "groups", (("constant", 3.0, 3), ("constant", 4.0, 3)))),
+            make("mts_lstm", hidden_size=5, timescales=("inverse_gamma",
+                                                        0.56)),
+            make("lstm", hidden_size=4)]
+  model = LanguageModel(layers, vocab_size=V, embed_size=E)
+  toks = tokens_of(2, 6)
+  variables = model.init(KEY, toks)
+  p = variables["params"]
+  assert p["layer_0"]["W_x"].shape == (E, 24)
+  assert p["layer_1"]["W_x"].shape == (6, 20) and "b_if" not in p["layer_1"]
+  assert p["layer_2"]["W_x"].shape == (5, 16)
+  logits, carries = model.apply(variables, toks)
+  h = jnp.take(p["embedding"], toks, axis=0)
+  for l, cell in enumerate(layers):
+    carry, h = sorjax.unroll(cell, p[f"layer_{l}"], h)
+    jax.tree_util.tree_map(lambda a, b: close(a, np.asarray(b)), carries[l],
+                           carry)
+  q = np_params(p["decoder"])
+  close(logits, np.asarray(h, np.float64) @ q["kernel"] + q["bias"])
+
+
 def test_untied_logits_equal_a_numpy_loop():
   model = LanguageModel([make("rnn", hidden_size=5)], vocab_size=V,
                         embed_size=E)
