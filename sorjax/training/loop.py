@@ -156,7 +156,7 @@ class Trainer:
     meta = {"epoch": 0, "position": None, "stopped_early": False,
             "early": [None] * self.R, "plateau": None,
             "asgd_losses": [[] for _ in range(self.R)],
-            "best_loss": [math.inf] * self.R}
+            "best_loss": [math.inf] * self.R, "best_mean": math.inf}
     if ckpt.latest_step() is not None:
       step0, state, meta = ckpt.restore(state, "latest")
       logging.info("resumed from %s/checkpoints/%d (epoch %d)",
@@ -270,7 +270,7 @@ class Trainer:
     """Evaluates every replica; returns (stop, start NT-ASGD per replica)."""
     cfg, task = self.config, self.task
     tau_eval = float(self.temperature.evaluation(step, epoch - 1))
-    stops, start_avg = [], []
+    stops, start_avg, mains = [], [], []
     host = jax.device_get(state)
     for r in range(self.R):
       params_r = _tree_index(host.params, r)
@@ -290,8 +290,8 @@ class Trainer:
       if not math.isfinite(main):
         raise NonFiniteLossError(
             f"non-finite validation loss after epoch {epoch} (replica {r})")
-      if main < meta["best_loss"][r]:
-        meta["best_loss"][r] = main
+      mains.append(main)
+      meta["best_loss"][r] = min(meta["best_loss"][r], main)
       if plateau_state is not None:
         plateau_state[r] = self.plateau.update(plateau_state[r], main)
       fire = (cfg.optim.name == "nt_asgd"
@@ -302,10 +302,10 @@ class Trainer:
                      r, epoch)
       start_avg.append(fire)
       stops.append(early[r].update(main)[1] if early[r] else False)
-    # Best checkpoint: by the mean main loss over replicas.
-    mean_best = float(np.mean(meta["best_loss"]))
-    if mean_best < meta.get("best_mean", math.inf):
-      meta["best_mean"] = mean_best
+    # Best checkpoint: this epoch's main loss, averaged over replicas.
+    mean_now = float(np.mean(mains))
+    if mean_now < meta["best_mean"]:
+      meta["best_mean"] = mean_now
       ckpt.save_best(step, host, dict(meta, epoch=epoch, position=None,
                                       config=_to_dict(cfg)))
     return all(stops), start_avg
