@@ -46,6 +46,11 @@ def check_positive_int(cell: str, name: str, value: Any) -> None:
     raise ValueError(f"{cell}: {name} must be a positive int, got {value!r}")
 
 
+def check_bool(cell: str, name: str, value: Any) -> None:
+  if not isinstance(value, bool):
+    raise ValueError(f"{cell}: {name} must be a bool, got {value!r}")
+
+
 def check_choice(cell: str, name: str, value: Any, choices: tuple) -> None:
   if value not in choices:
     raise ValueError(

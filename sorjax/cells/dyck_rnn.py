@@ -68,9 +68,7 @@ class DyckRNN:
 
   def __post_init__(self):
     base.check_positive_int("dyck_rnn", "hidden_size", self.hidden_size)
-    if not isinstance(self.learn_embedding, bool):
-      raise ValueError(f"dyck_rnn: learn_embedding must be a bool, got "
-                       f"{self.learn_embedding!r}")
+    base.check_bool("dyck_rnn", "learn_embedding", self.learn_embedding)
 
   def fixed_arrays(self) -> dict[str, np.ndarray]:
     """The non-trainable shift matrices W1, W2 [H, H] of eq. 4 (float64)."""

@@ -31,11 +31,6 @@ import jax.numpy as jnp
 from sorjax.cells import base
 
 
-def _check_bool(cell: str, name: str, value: Any) -> None:
-  if not isinstance(value, bool):
-    raise ValueError(f"{cell}: {name} must be a bool, got {value!r}")
-
-
 @dataclasses.dataclass(frozen=True)
 class General2:
   """Eq. 9; use_D / use_E keep the first-order terms D x_t / E h_{t-1}."""
@@ -51,8 +46,8 @@ class General2:
     base.check_positive_int(self.name, "hidden_size", self.hidden_size)
     base.check_positive_int(self.name, "intermediate_size",
                             self.intermediate_size)
-    _check_bool(self.name, "use_D", self.use_D)
-    _check_bool(self.name, "use_E", self.use_E)
+    base.check_bool(self.name, "use_D", self.use_D)
+    base.check_bool(self.name, "use_E", self.use_E)
     base.check_choice(self.name, "activation", self.activation,
                       ("tanh", "identity"))
 

@@ -42,8 +42,7 @@ class MIRNN:
 
   def __post_init__(self):
     base.check_positive_int("mi_rnn", "hidden_size", self.hidden_size)
-    if not isinstance(self.general, bool):
-      raise ValueError(f"mi_rnn: general must be a bool, got {self.general!r}")
+    base.check_bool("mi_rnn", "general", self.general)
     base.check_choice("mi_rnn", "activation", self.activation,
                       ("tanh", "identity"))
 
