@@ -1,0 +1,95 @@
+"""experiments.reproduce: per-seed selection and spread against hand-written
+metrics, named errors, and a micro-scale run of item 1 so the command
+cannot rot."""
+
+import json
+import os
+
+import numpy as np
+import pytest
+
+from experiments import reproduce
+
+
+def _write_metrics(path, records):
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, "metrics.jsonl"), "w") as f:
+    for r in records:
+      f.write(json.dumps(r) + "\n")
+
+
+def test_per_replica_reports_test_at_the_best_dev_epoch(tmp_path):
+  recs = []
+  # replica 0: dev loss best at epoch 2; replica 1: best at epoch 1
+  for step, epoch, dev0, dev1 in ((10, 1, 0.9, 0.5), (20, 2, 0.4, 0.7),
+                                  (30, 3, 0.6, 0.8)):
+    for r, dev in ((0, dev0), (1, dev1)):
+      recs.append({"step": step, "split": "dev", "replica": r,
+                   "epoch": epoch, "loss": dev, "time": 0.0})
+      recs.append({"step": step, "split": "test", "replica": r,
+                   "epoch": epoch, "loss": 10 * step + r, "wcpa": step / 100,
+                   "time": 0.0})
+  recs.append({"step": 5, "split": "train", "replica": 0, "loss": 0.0,
+               "time": 0.0})
+  _write_metrics(str(tmp_path), recs)
+  rows = reproduce.per_replica(str(tmp_path))
+  assert [r["step"] for r in rows] == [20, 10]
+  assert [r["loss"] for r in rows] == [200, 101]
+  assert [r["wcpa"] for r in rows] == [0.2, 0.1]
+  assert [r["best_epoch"] for r in rows] == [2, 1]
+  assert [r["epochs_run"] for r in rows] == [3, 3]
+
+
+def test_per_replica_names_a_missing_test_record(tmp_path):
+  _write_metrics(str(tmp_path), [
+      {"step": 10, "split": "dev", "replica": 0, "epoch": 1, "loss": 1.0}])
+  with pytest.raises(reproduce.ReproduceError,
+                     match=r"metrics.jsonl: no 'test' record at step 10"):
+    reproduce.per_replica(str(tmp_path))
+
+
+def test_stats_are_mean_and_sample_sd():
+  s = reproduce.stats([1.0, 2.0, 4.0])
+  assert s["mean"] == pytest.approx(7 / 3)
+  assert s["std"] == pytest.approx(np.sqrt(((1 - 7 / 3) ** 2 + (2 - 7 / 3)
+                                            ** 2 + (4 - 7 / 3) ** 2) / 2))
+  assert (s["min"], s["max"], s["n"]) == (1.0, 4.0, 3)
+  assert reproduce.stats([3.0])["std"] == 0.0
+
+
+def test_bad_items_and_options_are_named(tmp_path):
+  with pytest.raises(reproduce.ReproduceError, match="unknown item 'nine'"):
+    reproduce.reproduce("nine", str(tmp_path))
+  with pytest.raises(reproduce.ReproduceError, match="--scale must be"):
+    reproduce.reproduce("1", str(tmp_path), scale="gpu")
+  with pytest.raises(reproduce.ReproduceError, match="--replicas must be"):
+    reproduce.reproduce("1", str(tmp_path), replicas=0)
+  assert reproduce.resolve("5") == "keyword_trees"
+  assert reproduce.resolve("multi_timescale") == "multi_timescale"
+  assert sorted(n for n, _ in reproduce.ITEMS.values()) == list(range(1, 9))
+  ctx = reproduce.Context(str(tmp_path), "micro", 3)
+  with pytest.raises(reproduce.ReproduceError,
+                     match="override data.nope: the config has no 'nope'"):
+    reproduce.train(ctx, "x", "renganathan_dyck", "m4", {"data.nope": 1})
+
+
+def test_item_1_runs_at_micro_scale(tmp_path):
+  figs = tmp_path / "figs"
+  s = reproduce.reproduce("1", str(tmp_path / "runs"), scale="micro",
+                          replicas=3, figures=str(figs))
+  with open(tmp_path / "runs" / "dyck_rnn" / "summary.json") as f:
+    on_disk = json.load(f)
+  assert on_disk["name"] == s["name"] == "dyck_rnn"
+  (run,) = on_disk["runs"]
+  assert run["config"] == "renganathan_dyck.py:m4"
+  assert "--config.num_replicas=3" in run["command"]
+  assert run["wall_s"] > 0
+  res = on_disk["results"]["m4"]
+  assert len(res["per_replica"]) == 3
+  vals = [r["wcpa"] for r in res["per_replica"]]
+  assert res["wcpa"]["mean"] == pytest.approx(np.mean(vals))
+  assert all(0.0 <= v <= 1.0 for v in vals)
+  assert (figs / "dyck_rnn_wcpa.png").stat().st_size > 1000
+  # A finished run is not retrained: the recorded wall time is reused.
+  again = reproduce.reproduce("1", str(tmp_path / "runs"), scale="micro")
+  assert again["runs"][0]["wall_s"] == run["wall_s"]
