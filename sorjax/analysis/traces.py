@@ -157,6 +157,13 @@ def trace(task, params, tokens, lengths=None, temperature: float = 1.0,
                 task.aux_inputs(tokens, temperature))
 
 
+def split_sequences(task, split: str) -> list[np.ndarray]:
+  """The sequences of a Dyck task's split (DyckLM keeps (seqs, min_len,
+  max_len) per split, DyckPCFGTask the list)."""
+  seqs = task.splits[split]
+  return list(seqs[0] if task.name in ("dyck_lm", "dyck_closing") else seqs)
+
+
 def batches(task, split: str, max_tokens: int | None = None,
             max_sequences: int | None = None) -> Iterator[tuple]:
   """(tokens [B, T], lengths [B], carry_over) over a split: the LM task's
@@ -172,7 +179,7 @@ def batches(task, split: str, max_tokens: int | None = None,
                                     pad_to=d.eval_bptt):
       yield b.inputs, b.lengths, True
     return
-  seqs = task.splits[split]
+  seqs = split_sequences(task, split)
   if max_sequences is not None:
     seqs = seqs[:int(max_sequences)]
   if task.name == "dyck_pcfg":
@@ -195,7 +202,7 @@ def sample(task, split: str, num: int) -> tuple[np.ndarray, np.ndarray]:
     rows = [ids[i * L:(i + 1) * L] for i in range(n)]
   else:
     from sorjax.data import batching
-    seqs = list(task.splits[split][:num])
+    seqs = split_sequences(task, split)[:num]
     rows = seqs if task.name == "dyck_pcfg" else batching.lm_pairs(seqs)[0]
   lengths = np.array([len(r) for r in rows], np.int32)
   tokens = np.zeros((len(rows), max(lengths.max(initial=0), 1)), np.int32)
@@ -221,4 +228,4 @@ def split_traces(task, params, split: str, temperature: float = 1.0,
 
 
 __all__ = ["LayerTrace", "Trace", "batches", "embed", "forget_gate",
-           "sample", "split_traces", "trace"]
+           "sample", "split_sequences", "split_traces", "trace"]

@@ -24,7 +24,7 @@ class _DyckTask(ModelTask):
 
   def __init__(self, cell):
     self.lang, self.k = DyckKM(2, 3), 2
-    self.splits = {"dev": SEQS, "test": SEQS}
+    self.splits = {"dev": (SEQS, 1, 6), "test": (SEQS, 1, 6)}
     self.eval_batch_size = 4
     self._setup_model(LanguageModel(cells=(cell,), vocab_size=6,
                                     embed_size=5), None)

@@ -30,7 +30,7 @@ def _next_token_rows(name):
 class _DyckTask:
   def __init__(self, name):
     self.name, self.k, self.lang = name, 2, DyckKM(2, 3)
-    self.splits = {"dev": SEQS, "test": SEQS}
+    self.splits = {"dev": (SEQS, 1, 6), "test": (SEQS, 1, 6)}
 
   def log_probs(self, params, split, temperature):
     inputs = np.zeros((2, 5), np.int32)

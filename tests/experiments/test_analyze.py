@@ -1,0 +1,203 @@
+"""End to end: tiny trained runs, restored from their work directories,
+through every analysis (files exist and are non-empty) and the absl binary;
+analyses of the wrong run type fail with a clear error."""
+
+import gzip
+import json
+import os
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+import sorjax
+from experiments import train
+from experiments.configs import common
+from sorjax.analysis import runner
+from sorjax.analysis.common import AnalysisError
+from tests.experiments import tiny_dyck, tiny_trees
+
+pytestmark = pytest.mark.slow   # four tiny trainings, about 2 CPU-minutes
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+
+
+def _train(cfg, workdir):
+  with jax.numpy_dtype_promotion("standard"):
+    train.train_and_evaluate(cfg, str(workdir))
+  return str(workdir)
+
+
+def _quick(cfg, epochs=1):
+  cfg.train.num_epochs = epochs
+  cfg.train.log_every = 100
+  cfg.train.checkpoint_every = 1000
+  cfg.train.tensorboard = False
+  return cfg
+
+
+def _files_ok(written):
+  for paths in written.values():
+    for p in paths:
+      assert os.path.getsize(p) > 0, p
+
+
+@pytest.fixture(scope="module")
+def dyck_run(tmp_path_factory):
+  cfg = tiny_dyck.get_config()
+  cfg.model.cell = "attention_lstm"
+  cfg.model.num_cells = 2
+  cfg.model.intermediate_size = None
+  cfg.temperature.decay = 0.5
+  return _train(_quick(cfg), tmp_path_factory.mktemp("dyck"))
+
+
+@pytest.fixture(scope="module")
+def pcfg_run(tmp_path_factory):
+  cfg = common.config(
+      "dyck_pcfg", common.pcfg_data(preset="suzgun", scale=0.005,
+                                    batch_size=16, eval_batch_size=32,
+                                    num_buckets=2),
+      layers=({"cell": "mts_lstm", "hidden_size": 8,
+               "timescales": ("inverse_gamma", 1.5)},
+              {"cell": "lstm", "hidden_size": 6}), embed_size=6)
+  cfg.optim.learning_rate = 1e-2
+  return _train(_quick(cfg), tmp_path_factory.mktemp("pcfg"))
+
+
+@pytest.fixture(scope="module")
+def tfds_dir(tmp_path_factory, shared_data):
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setenv("SORJAX_DATA_DIR", shared_data)
+    yield str(tmp_path_factory.mktemp("tfds"))
+
+
+@pytest.fixture(scope="module")
+def lm_run(tmp_path_factory, tfds_dir):
+  """A character LM (Maupome & Meurs' PTB) with an mts_lstm layer and two
+  replicas: one run serves every LM analysis."""
+  cfg = common.config(
+      "lm", common.lm_data(corpus="ptb_char_maupome", data_dir=tfds_dir,
+                           batch_size=8, bptt=20, eval_batch_size=4,
+                           eval_bptt=40, max_train_tokens=3000,
+                           max_eval_tokens=2000),
+      layers=({"cell": "mts_lstm", "hidden_size": 12,
+               "timescales": ("groups", (("constant", 3.0, 6),
+                                         ("inverse_gamma", 0.56, 6)))},
+              {"cell": "lstm", "hidden_size": 8}), embed_size=8)
+  cfg.num_replicas = 2
+  cfg.optim.learning_rate = 1e-2
+  return _train(_quick(cfg), tmp_path_factory.mktemp("lm"))
+
+
+@pytest.fixture(scope="module")
+def tree_run(tmp_path_factory):
+  cfg = tiny_trees.get_config()
+  cfg.data.scale = 0.01
+  cfg.data.batch_size = 10
+  cfg.train.keep_checkpoints = 10
+  return _train(_quick(cfg, epochs=2), tmp_path_factory.mktemp("trees"))
+
+
+def test_dyck_analyses_from_the_command_line(dyck_run):
+  res = subprocess.run(
+      [sys.executable, "-m", "experiments.analyze", f"--workdir={dyck_run}",
+       "--analyses=perplexity,ldpa,principal_angles,attention_heatmap"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert res.returncode == 0, res.stderr[-3000:]
+  out = os.path.join(dyck_run, "analysis")
+  for name in ("perplexity.json", "ldpa.json", "ldpa.png",
+               "principal_angles.json", "principal_angles.png",
+               "attention_heatmap.json", "attention_heatmap.html",
+               "attention_heatmap.png"):
+    assert os.path.getsize(os.path.join(out, name)) > 0, name
+    assert os.path.join(out, name) in res.stdout
+  with open(os.path.join(out, "perplexity.json")) as f:
+    ppl = json.load(f)["run"]
+  assert ppl["perplexity_ratio"] == pytest.approx(
+      ppl["perplexity"] / ppl["oracle_perplexity"])
+  with open(os.path.join(out, "principal_angles.json")) as f:
+    angles = json.load(f)["layers"]["0"]["degrees"]["0-1"]
+  assert len(angles) == 12 and 0 < min(angles) <= max(angles) <= 90
+
+
+def test_wrong_run_types_are_clear_errors(dyck_run, tmp_path):
+  run = sorjax.restore(dyck_run)
+  for name, msg in (("timescales", r"timescales: needs a layer of lstm or "
+                     r"mts_lstm for its forget gates; this model's cells are "
+                     r"\['attention_lstm'\]"),
+                    ("gradient_ratio", "needs a 'trees' run; this run's "
+                     "task is 'dyck_lm'"),
+                    ("frequency", "needs a 'lm' run"),
+                    ("pcfg_timescales", "needs a 'dyck_pcfg' run"),
+                    ("word_position", "needs a 'lm' run"),
+                    ("minimal_pairs", "give --pairs")):
+    with pytest.raises(AnalysisError, match=msg):
+      runner.run_analyses(run, [name], str(tmp_path), pairs=())
+
+
+def test_pcfg_and_timescale_analyses(pcfg_run):
+  run = sorjax.restore(pcfg_run)
+  written = runner.run_analyses(
+      run, "pcfg_timescales,timescales,forget_heatmap,word_ablation")
+  _files_ok(written)
+  with open(written["timescales"][0]) as f:
+    res = json.load(f)
+  assert set(res["layers"]) == {"0", "1"}
+  mts = res["layers"]["0"]
+  assert mts["cell"] == "mts_lstm" and mts["reference"] == "assigned"
+  assert len(mts["T_est"]) == 8 and res["ks"]["units"] > 0
+  with pytest.raises(AnalysisError, match="needs a layer of attention_lstm"):
+    runner.run_analyses(run, ["principal_angles"])
+
+
+def test_lm_analyses(lm_run, shared_data, tmp_path):
+  run = sorjax.restore(lm_run)
+  pairs = tmp_path / "pairs.jsonl"
+  with gzip.open(os.path.join(shared_data, "blimp",
+                              "anaphor_gender_agreement.jsonl.gz"), "rt") as f:
+    pairs.write_text("".join(next(f) for _ in range(20)))
+  written = runner.run_analyses(
+      run, "perplexity,frequency,timescales,forget_heatmap,minimal_pairs,"
+      "token_losses,word_position", compare=run.with_replica(1),
+      labels=("replica 0", "replica 1"), pairs=(str(pairs),),
+      num_resamples=300, max_tokens=400,
+      sentence="The authors that no security guards like will ever be famous")
+  _files_ok(written)
+  with open(written["perplexity"][0]) as f:
+    ppl = json.load(f)
+  assert ppl["run"]["bits_per_char"] == pytest.approx(
+      ppl["run"]["cross_entropy"] / np.log(2))
+  assert ppl["other"]["perplexity"] != ppl["run"]["perplexity"]
+  with open(written["frequency"][0]) as f:
+    freq = json.load(f)
+  assert freq["a"]["all tokens"]["tokens"] == 1996    # 4 streams x 499
+  assert freq["bootstrap"]["num_chunks"] == 20
+  assert freq["bootstrap"]["bins"]["all tokens"]["ci"][0] is not None
+  with open(written["minimal_pairs"][0]) as f:
+    mp = json.load(f)["results"]
+  assert [r["pairs"] for r in mp] == [20, 20]
+  assert set(mp[0]["categories"]) == {"anaphor_gender_agreement"}
+  with open(written["timescales"][0]) as f:
+    ts = json.load(f)
+  assert ts["steps"] == 4 * 99          # max_tokens=400: 4 streams of 100
+  assert ts["layers"]["0"]["reference"] == "assigned"
+  with open(written["word_position"][0]) as f:
+    pos = json.load(f)
+  assert pos["overall"]["count"] == 1996 and pos["count"][0] > 0
+
+
+def test_tree_gradient_ratio_per_epoch(tree_run):
+  run = sorjax.restore(tree_run)
+  written = runner.run_analyses(run, ["gradient_ratio"], max_trees=40)
+  _files_ok(written)
+  with open(written["gradient_ratio"][0]) as f:
+    res = json.load(f)
+  assert [e["epoch"] for e in res["epochs"]] == [0, 1, 2]
+  assert all(e["trees"] == 40 for e in res["epochs"])
+  assert set(res["dev_accuracy"]) == {"1", "2"}
+  with pytest.raises(AnalysisError, match="needs a 'lm' or 'dyck_lm' run"):
+    runner.run_analyses(run, ["perplexity"])
