@@ -132,19 +132,23 @@ def prediction_examples(run, split: str | None = None, num: int = 3,
 
 
 def plot_examples(result: dict, path: str) -> str:
-  """True lines above the predictions, wrong predictions in red."""
+  """Each true line above the model's predictions (Maupome & Meurs Fig.
+  2); wrong predictions in red, a predicted space as a grey dot."""
   ex = result["examples"]
-  width = max(len(e["text"]) for e in ex)
-  fig, axes = figure(1, 1, size=(0.1 * width + 1.0, 0.75 * len(ex) + 0.4))
+  width = max(len(e["text"]) for e in ex) + 6
+  fig, axes = figure(1, 1, size=(0.1 * width + 0.4, 0.5 * len(ex) + 0.3))
   ax = axes[0, 0]
   ax.set_xlim(0, width)
-  ax.set_ylim(3 * len(ex), -0.5)
+  ax.set_ylim(3 * len(ex) - 1, -1)
   ax.axis("off")
+  font = dict(family="monospace", fontsize=10, va="center", ha="left")
   for k, e in enumerate(ex):
+    ax.text(0, 3 * k, "true", color="gray", **font)
+    ax.text(0, 3 * k + 1, "pred", color="gray", **font)
     for i, (t, p) in enumerate(zip(e["text"], e["predicted"])):
-      ax.text(i, 3 * k, t, family="monospace", fontsize=9, ha="left")
-      ax.text(i, 3 * k + 1, p, family="monospace", fontsize=9, ha="left",
-              color="black" if t == p else "tab:red")
+      ax.text(6 + i, 3 * k, t, **font)
+      ax.text(6 + i, 3 * k + 1, "\u00b7" if p == " " else p, **font,
+              color="tab:red" if t != p else "gray" if p == " " else "black")
   return save(fig, path)
 
 

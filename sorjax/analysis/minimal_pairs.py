@@ -316,7 +316,7 @@ def plot_categories(results: list[dict], labels: list[str], path: str
 def plot_sentence(results: list[dict], labels: list[str], path: str) -> str:
   """Per-symbol log-probabilities of one sentence for each run."""
   words = results[0]["words"]
-  fig, axes = figure(1, 1, size=(max(6, 0.6 * len(words)), 3.5))
+  fig, axes = figure(1, 1, size=(min(24, max(6, 0.45 * len(words))), 3.5))
   ax = axes[0, 0]
   x = np.arange(len(words))
   bw = 0.8 / len(results)

@@ -183,24 +183,27 @@ def plot_scatter(result: dict, path: str) -> str:
 
 
 def plot_ks(result: dict, path: str) -> str:
-  """Empirical T_est with the best fits; KS vs alpha and vs mu (Fig. 1)."""
+  """The empirical CDF of T_est (all layers) with the best fit of each
+  family, and the KS statistic along each family's grid (Mahto Fig. 1)."""
   ks = result["ks"]
   T = np.concatenate([np.asarray(r["T_est"], np.float64)
                       for r in result["layers"].values()])
-  T = T[np.isfinite(T)]
+  T = np.sort(T[np.isfinite(T)])
   fig, axes = figure(3, size=(13, 3.6))
   ax = axes[0, 0]
-  ax.hist(T, bins=min(50, max(5, T.size // 4)), density=True, alpha=0.6,
+  ax.step(T, np.arange(1, T.size + 1) / T.size, where="post",
           label=f"T_est ({T.size} units)")
-  grid = np.linspace(max(T.min() * 0.9, 1e-3), T.max() * 1.1 + 1e-3, 400)
-  a, mu = ks["inverse_gamma"]["best_alpha"], ks["narrow_gaussian"]["best_mu"]
-  ax.plot(grid, scipy.stats.invgamma(a).pdf(grid), "--",
-          label=f"InvGamma(alpha={a:g})")
-  ax.plot(grid, scipy.stats.norm(mu, ks["narrow_gaussian"]["sigma"])
-          .pdf(grid), ":", label=f"N(mu={mu:g}, 0.1)")
+  grid = np.geomspace(max(T.min() / 2, 1e-3), T.max() * 2, 400)
+  ig, ng = ks["inverse_gamma"], ks["narrow_gaussian"]
+  a, mu = ig["best_alpha"], ng["best_mu"]
+  ax.plot(grid, scipy.stats.invgamma(a).cdf(grid), "--",
+          label=f"InvGamma(alpha={a:g}): KS {ig['best_ks']:.2f}")
+  ax.plot(grid, scipy.stats.norm(mu, ng["sigma"]).cdf(grid), ":",
+          label=f"N(mu={mu:g}, {ng['sigma']:g}): KS {ng['best_ks']:.2f}")
+  ax.set_xscale("log")
   ax.set_xlabel("timescale T")
-  ax.set_ylabel("density")
-  ax.legend(fontsize=8)
+  ax.set_ylabel("cumulative fraction of units")
+  ax.legend(fontsize=7)
   for ax, fam, key in ((axes[0, 1], "inverse_gamma", "alpha"),
                        (axes[0, 2], "narrow_gaussian", "mu")):
     ax.plot(ks[fam][key], ks[fam]["ks"], marker=".")

@@ -23,6 +23,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from matplotlib.ticker import MaxNLocator
 
 from sorjax import trees
 from sorjax.analysis.common import (CheckpointReader, checkpoint_steps,
@@ -163,6 +164,7 @@ def plot_gradient_ratio(result: dict, path: str, max_lines: int = 6) -> str:
     ax.plot(ep, med, marker=".", label=f"depth {d}")
   ax.set_yscale("log")
   ax.set_xlabel("epoch")
+  ax.xaxis.set_major_locator(MaxNLocator(integer=True))
   ax.set_ylabel("median ratio")
   ax.legend(fontsize=7, loc="upper left")
   acc = {int(k): v for k, v in result["dev_accuracy"].items()}
