@@ -1,0 +1,46 @@
+"""Renganathan & Singh, sec. 4.2 and 6.2: the Dyck-RNN predicting closing
+brackets of m-bounded Dyck-2 (Table 2: WCPA 100 for m = 4, 6, 8).
+
+    python -m experiments.main \\
+        --config=experiments/configs/renganathan_dyck.py:m6 --workdir=DIR
+
+Config string `m<m>[,learn_embedding]`:
+  m<m>             4, 6 or 8: Hewitt's 24,000 sequences per m (sec. 5.1;
+                   data preset lin_m<m>: 10k train, 4k dev, 10k test)
+  learn_embedding  sec. 6.2's variant: a trained 2-d embedding and
+                   hidden 2m instead of the fixed 1-d one and hidden m
+
+At every closing bracket the hidden state of the prefix before it goes
+through an affine map and a softmax over the k closing brackets, trained by
+cross-entropy (sec. 4.2; task dyck_closing). Sec. 5.3: batch 512, Adam
+(sec. 5.3: "for all our models") at 0.01; h = m (Table 1). The paper stops
+when the dev loss falls below 1e-5; here training runs up to 20 epochs
+(Table 1: converged in 4, 2 and 1) and the best checkpoint is kept.
+"""
+
+from experiments.configs import _options, common
+
+BOUNDS = ("m4", "m6", "m8")
+
+
+def get_config(config_string: str = "m4"):
+  o = _options.Options("renganathan_dyck", config_string,
+                       "<m4|m6|m8>[,learn_embedding]")
+  m = int(o.choice("bound", BOUNDS)[1:])
+  learn = o.flag("learn_embedding")
+  o.done()
+  data = common.dyck_data(k=2, m=m, preset=f"lin_m{m}", batch_size=512,
+                          eval_batch_size=512)
+  if learn:
+    c = common.config("dyck_closing", data, cell="dyck_rnn",
+                      hidden_size=2 * m, learn_embedding=True,
+                      embedding="learned", embed_size=2)
+  else:
+    c = common.config("dyck_closing", data, cell="dyck_rnn", hidden_size=m,
+                      learn_embedding=False, embedding="cell")
+  c.optim.name = "adam"
+  c.optim.learning_rate = 1e-2
+  c.train.num_epochs = 20
+  c.train.log_every = 10
+  c.train.checkpoint_every = 100
+  return _options.overridable(c)
