@@ -289,7 +289,10 @@ def word_ablation(run, split: str | None = None, position: int = 0,
                   max_tokens: int | None = None,
                   max_sequences: int | None = 256) -> dict:
   """Normalised cell-state change after zeroing the input at `position`,
-  per lstm-like layer and per group of units sorted by timescale."""
+  per lstm-like layer and per group of units sorted by timescale. Dyck
+  splits: the first max_sequences sequences; LM splits: the windows of
+  eval_bptt tokens of the first max_tokens tokens (default max_sequences
+  windows), each ablated at `position` from the state the stream reached."""
   name = "word_ablation"
   layers = _layers(name, run)
   split = check_split(name, run, split)
@@ -298,6 +301,9 @@ def word_ablation(run, split: str | None = None, position: int = 0,
                      f"{position!r}")
   tau = temperature(run, tau)
   task = run.task
+  if task.name == "lm" and max_tokens is None and max_sequences:
+    # every window is kept in memory: as many windows as max_sequences
+    max_tokens = int(max_sequences) * task.data_cfg.eval_bptt
   deltas = {l: [] for l in layers}      # per batch [B, T - position, H]
   valid = []
   f_sum, steps = {l: 0.0 for l in layers}, 0

@@ -30,13 +30,12 @@ import jax.numpy as jnp
 import numpy as np
 
 from sorjax.analysis.common import FORGET_GATE_CELLS, cell_name
-from sorjax.cells import base
 from sorjax.unroll import _accepted
 
 
 class LayerTrace(NamedTuple):
   h: jax.Array                    # [B, T, H] outputs
-  carry: Any                      # the carry after each step, leaves [B, T, ...]
+  carry: Any                      # carry after each step, leaves [B, T, ...]
   f: jax.Array | None = None      # [B, T, H] forget gates (lstm, mts_lstm)
   alpha: jax.Array | None = None  # [B, T, S] mixing weights (attention_lstm)
 
