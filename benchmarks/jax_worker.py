@@ -129,13 +129,19 @@ def prototype_case(spec: dict) -> JaxCase:
   name, hp = spec["cell"], spec["hparams"]
   B, T, D = spec["B"], spec["T"], spec["D"]
   cell = cells.make(name, **hp)
-  fn = prototypes.prototype_unroll(name)
+  variant = spec.get("variant", "batched_dw")
   xs, G = _data(jax.random.key(1), B, T, D, cell.hidden_size)
+  aux = _aux(name, jax.random.key(2), B, T, hp)
+  if variant == "batched_dw":
+    fn = prototypes.prototype_unroll(name)
 
-  def fwd(p, xs, aux):
-    return fn(cell, p, xs)
+    def fwd(p, xs, aux):
+      return fn(cell, p, xs, **aux)
+  else:
+    def fwd(p, xs, aux):
+      return prototypes.policy_unroll(cell, p, xs, variant, **aux)
 
-  return JaxCase(vjp_step(fwd), (cell.init(jax.random.key(0), D), xs, {}, G),
+  return JaxCase(vjp_step(fwd), (cell.init(jax.random.key(0), D), xs, aux, G),
                  {"tokens_per_step": B * T})
 
 
@@ -209,6 +215,24 @@ def cudnn_case(spec: dict) -> JaxCase:
                     num_layers=1, dropout=0.0, bidirectional=False)[0]
 
   return JaxCase(vjp_step(fwd), (w, xs, {}, G), {"tokens_per_step": B * T})
+
+
+def stepmm_case(spec: dict) -> JaxCase:
+  """The recurrent matmul alone: T dependent [B, H] x [H, 4H] products in a
+  lax.scan (forward only), the floor under any LSTM-sized cell's step."""
+  B, T, H = spec["B"], spec["T"], spec["H"]
+  N = spec.get("N", 4 * H)
+  kh, kw = jax.random.split(jax.random.key(0))
+  h0 = jax.random.normal(kh, (B, H), jnp.float32)
+  W = jax.random.normal(kw, (H, N), jnp.float32) / np.sqrt(H)
+
+  def fn(h0, W):
+    def body(h, _):
+      z = (h @ W).reshape(B, N // H, H)
+      return 0.5 * jnp.sum(z, axis=1), None   # next step needs every column
+    return jax.lax.scan(body, h0, None, length=T)[0]
+
+  return JaxCase(fn, (h0, W), {"tokens_per_step": B * T})
 
 
 def matmul_case(spec: dict) -> JaxCase:
@@ -309,6 +333,7 @@ def tree_case(spec: dict) -> JaxCase:
 BUILDERS = {"sorjax": sorjax_case, "naive": naive_case,
             "prototype": prototype_case, "flax_lstm": flax_case,
             "cudnn_lstm": cudnn_case, "matmul": matmul_case,
+            "stepmm": stepmm_case,
             "tree_level": tree_case, "tree_node": tree_case}
 
 

@@ -89,7 +89,7 @@ def _lstm_post(forget_bias):
   return post
 
 
-def lstm_unroll(cell, params, xs):
+def lstm_unroll(cell, params, xs, **aux):
   xp = jnp.swapaxes(cell.precompute(params, xs), 0, 1)
   carry0 = cell.initial_carry(params, (xs.shape[0],))
   _, ys = linear_recurrence(_lstm_post(cell.forget_bias), params["W_h"], {},
@@ -105,7 +105,7 @@ def _mm_rnn_post(K, H):
   return post
 
 
-def mm_rnn_unroll(cell, params, xs):
+def mm_rnn_unroll(cell, params, xs, **aux):
   H, K = cell.hidden_size, cell.num_matrices
   P = params["W_proj"]
   xp = jax.tree_util.tree_map(lambda a: jnp.swapaxes(a, 0, 1),
@@ -126,3 +126,18 @@ def prototype_unroll(name: str) -> Callable[..., Any]:
     raise ValueError(f"prototypes: no batched-dW prototype for {name!r}; "
                      f"have {sorted(k for k, v in UNROLLS.items() if v)}")
   return fn
+
+
+def policy_unroll(cell, params, xs, policy: str = "dots", **aux):
+  """sorjax.unroll's hoisted scan with the step under `jax.checkpoint` and a
+  saving policy: "dots" keeps only matmul outputs (the gates' pre-
+  activations) for the backward pass and recomputes the elementwise rest,
+  instead of autodiff's default of every intermediate (often twice)."""
+  policies = {"dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable,
+              "nothing": jax.checkpoint_policies.nothing_saveable}
+  xp = jax.tree_util.tree_map(lambda a: jnp.swapaxes(a, 0, 1),
+                              cell.precompute(params, xs, **aux))
+  step = jax.checkpoint(lambda c, x: cell.step(params, c, x),
+                        policy=policies[policy], prevent_cse=False)
+  _, ys = jax.lax.scan(step, cell.initial_carry(params, (xs.shape[0],)), xp)
+  return jnp.swapaxes(ys, 0, 1)

@@ -44,8 +44,8 @@ from typing import Any, Callable, Iterable
 from benchmarks import flops, specs
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("lstm", "cells", "dyck", "scaling", "remat", "unroll", "trees",
-            "gpu")
+SECTIONS = ("lstm", "gemm", "cells", "dyck", "scaling", "remat", "unroll",
+            "trees", "gpu")
 
 
 # ------------------------------------------------------------------ profiles
@@ -479,7 +479,10 @@ def section_lstm(b: Bench, rep: Report):
     flax_c = lstm_peer("flax_lstm", B, T, H, "jax")
     ours = sorjax("lstm", B, T, H)
     unhoisted = sorjax("lstm", B, T, H, hoist=False)
-    cs = [torch_c, flax_c, ours, unhoisted]
+    proto = sorjax("lstm", B, T, H)
+    proto.spec.update(impl="prototype", variant="batched_dw")
+    proto.key = proto.label
+    cs = [torch_c, flax_c, ours, unhoisted, proto]
     g = b.group(cs)
     rows = [[c.label, f_rate(c), f_pct(g.fraction(c)),
              f_x(g.ratio(c, torch_c)), f_x(g.ratio(c, flax_c)),
@@ -487,7 +490,7 @@ def section_lstm(b: Bench, rep: Report):
     rep.add(f"### {_shape((B, T, H))}\n\n{roof_line(g)}\n\n" + table(
         ["implementation", "tokens/s", "% roofline", "vs torch.nn.LSTM",
          "vs flax", "peak memory"], rows) + _errs(cs))
-    best = max([ours, unhoisted], key=lambda c: c.rate or 0)
+    best = max([ours, unhoisted, proto], key=lambda c: c.rate or 0)
     fast.append((B, T, H, g.ratio(ours, torch_c), g.ratio(best, torch_c),
                  best))
     flax_ok.append((B, T, H, g.ratio(ours, flax_c)))
@@ -498,6 +501,25 @@ def section_lstm(b: Bench, rep: Report):
   for B, T, H, r in flax_ok:
     rep.target(f"lstm >= 1.3x flax OptimizedLSTMCell at {_shape((B, T, H))}",
                None if r is None else r >= 1.3, f_x(r))
+
+
+def section_gemm(b: Bench, rep: Report):
+  rep.add("## The per-step GEMM ceiling\n\nA recurrent step multiplies "
+          "[B, H] by [H, 4H], T times in sequence. Timed alone (forward "
+          "only, the product feeding the next step), in XLA and in torch, "
+          "next to the LSTMs (fwd + bwd): an LSTM step can be no faster "
+          "than its framework's per-step product, except where the "
+          "framework keeps the weights packed across steps.")
+  for (B, T, H) in b.profile.lstm_shapes:
+    mms = [Contender(f"stepmm-{fw}", dict(impl="stepmm", framework=fw, B=B,
+                                          T=T, H=H), fw, 2 * H * 4 * H)
+           for fw in ("jax", "torch")]
+    cs = mms + [lstm_peer("torch_lstm", B, T, H, "torch"),
+                sorjax("lstm", B, T, H)]
+    g = b.group(cs)
+    rows = [[c.label, f_rate(c), f_pct(g.fraction(c))] for c in cs]
+    rep.add(f"### {_shape((B, T, H))}\n\n{roof_line(g)}\n\n" + table(
+        ["", "tokens/s", "% roofline"], rows) + _errs(cs))
 
 
 def _errs(cs) -> str:
@@ -732,7 +754,7 @@ def section_gpu(b: Bench, rep: Report):
 
 
 RUNNERS: dict[str, Callable[[Bench, Report], None]] = {
-    "lstm": section_lstm, "cells": section_cells, "dyck": section_dyck,
+    "lstm": section_lstm, "gemm": section_gemm, "cells": section_cells, "dyck": section_dyck,
     "scaling": section_scaling, "remat": section_remat,
     "unroll": section_unroll, "trees": section_trees, "gpu": section_gpu}
 
@@ -791,6 +813,8 @@ def parse_args(argv=None):
                   help="wall time (default) or the worker's CPU time (all "
                        "threads; steadier on a loaded machine, but counts "
                        "spinning threads as work)")
+  ap.add_argument("--torch-threads", type=int, default=0,
+                  help="torch intra-op threads (default: the cores)")
   ap.add_argument("--no-torch", action="store_true",
                   help="measure JAX contenders only")
   ap.add_argument("--no-torch-memory", dest="torch_memory",
@@ -843,7 +867,8 @@ def main(argv=None) -> int:
   head = (f"# sorjax benchmarks ({name})\n\n"
           f"- command: `{cmd}`\n"
           f"- date: {started:%Y-%m-%d %H:%M %Z}\n"
-          f"- machine: {_cpu()}, {os.cpu_count()} cores; {_versions(torch_ok)}\n"
+          f"- machine: {_cpu()}, {os.cpu_count()} cores; {_versions(torch_ok)}"
+          f"; torch threads {args.torch_threads or len(os.sched_getaffinity(0))}\n"
           f"- load average (1, 5, 15 min) at start: {load0}\n"
           f"- rounds per group: {profile.rounds} (order rotating), >= "
           f"{profile.min_round_s} s per timing; {args.clock} clock; medians; "
@@ -851,6 +876,10 @@ def main(argv=None) -> int:
           f"- worker log: {log}")
   rep = Report()
   rep.add(head)
+  if args.torch_threads < 0:
+    raise SystemExit("--torch-threads must be >= 0")
+  if args.torch_threads:
+    os.environ["SORJAX_BENCH_TORCH_THREADS"] = str(args.torch_threads)
   bench = Bench(args, profile, torch_ok, log)
   t0 = time.perf_counter()
   try:

@@ -53,14 +53,20 @@ def label(spec: dict) -> str:
   base = {
       "sorjax": "sorjax {cell}",
       "naive": "naive {cell}",
-      "prototype": "prototype {cell} (batched dW)",
+      "prototype": "prototype {cell} ({variant})",
       "torch_lstm": "torch.nn.LSTM",
+      "stepmm": "{framework} per-step h @ W_h (fwd)",
       "torch_loop": "torch loop {cell}",
       "flax_lstm": "flax OptimizedLSTMCell",
       "cudnn_lstm": "jax.experimental.rnn (cuDNN)",
       "tree_level": "tree_lstm level-scheduled",
       "tree_node": "tree_lstm node-by-node",
-  }[impl].format(cell=spec.get("cell", ""))
+  }[impl].format(cell=spec.get("cell", ""),
+                 framework={"jax": "XLA", "torch": "torch"}.get(
+                     spec.get("framework"), ""), variant={
+      "batched_dw": "batched dW", "dots": "remat policy: save dots",
+      "nothing": "remat policy: save nothing"}.get(
+          spec.get("variant", "batched_dw"), spec.get("variant")))
   opts = []
   hp = spec.get("hparams") or {}
   if hp.get("mix") == "gates":

@@ -30,7 +30,9 @@ from torch import nn
 
 from benchmarks import worker
 
-torch.set_num_threads(len(os.sched_getaffinity(0)))
+# threads = cores unless the driver's --torch-threads says otherwise
+torch.set_num_threads(int(os.environ.get("SORJAX_BENCH_TORCH_THREADS", 0))
+                      or len(os.sched_getaffinity(0)))
 
 
 def _param(*shape, fan_in):
@@ -183,6 +185,16 @@ def make_case(spec: dict) -> TorchCase:
     out = torch.empty(n, n)
     return TorchCase(None, None, None, {"tokens_per_step": 1},
                      fn=lambda: torch.mm(a, b, out=out))
+  if impl == "stepmm":  # T dependent [B, H] x [H, 4H] products, forward
+    B, T, H = spec["B"], spec["T"], spec["H"]
+    N = spec.get("N", 4 * H)
+    h0, W = torch.randn(B, H), torch.randn(H, N) / H ** 0.5
+
+    def loop():
+      h = h0
+      for _ in range(T):
+        h = 0.5 * torch.mm(h, W).view(B, N // H, H).sum(1)
+    return TorchCase(None, None, None, {"tokens_per_step": B * T}, fn=loop)
   B, T, D = spec["B"], spec["T"], spec["D"]
   if impl == "torch_lstm":
     H = spec["H"]
