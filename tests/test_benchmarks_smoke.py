@@ -179,26 +179,25 @@ def _groups(path):
 
 def test_smoke_run_jax_only(tmp_path):
   out, raw = tmp_path / "r.md", tmp_path / "r.json"
-  assert run.main(["--smoke", "--no-torch", "--sections", "lstm,dyck",
+  assert run.main(["--smoke", "--no-torch", "--sections", "dyck",
                    "--out", str(out), "--json", str(raw)]) == 0
   text = out.read_text()
-  for heading in ("## Targets", "## LSTM against torch.nn.LSTM and flax",
-                  "## Small-model regime", "replicas trained at once",
-                  "Load average at end"):
+  for heading in ("## Targets", "## Small-model regime",
+                  "replicas trained at once", "Load average at end"):
     assert heading in text
-  lstm, dyck, replicas = _groups(raw)
-  assert lstm["torch.nn.LSTM"]["error"].startswith(
+  dyck, replicas = _groups(raw)
+  assert dyck["torch.nn.LSTM"]["error"].startswith(
       "skipped: torch not installed")
-  for g, label in ((lstm, "sorjax lstm"), (lstm, "flax OptimizedLSTMCell"),
-                   (dyck, "sorjax lstm"),
+  for g, label in ((dyck, "sorjax lstm"), (dyck, "flax OptimizedLSTMCell"),
+                   (replicas, "sorjax lstm [+adam]"),
                    (replicas, "sorjax lstm [x3 replicas (vmap), +adam]")):
     assert g[label]["error"] is None
     assert len(g[label]["rates"]) == 2 and all(r > 0 for r in g[label]["rates"])
     assert g[label]["info"]["peak_bytes"] > 0
   assert replicas["sorjax lstm [x3 replicas (vmap), +adam]"]["info"][
       "tokens_per_step"] == 3 * 2 * 6
-  assert lstm["sorjax lstm"]["fraction"] > 0
   assert "| skipped |" in text
+  assert "vmapped replicas in <= 3x the time of one" in text
 
 
 @needs_torch
@@ -213,4 +212,5 @@ def test_smoke_run_with_torch(tmp_path):
     assert cs[label]["info"]["peak_bytes"] > 0
   groups = json.loads(raw.read_text())
   assert groups[0]["roofline_gflops"]["torch"] > 0
+  assert cs["sorjax mrnn"]["fraction"] > 0
   assert "| mrnn |" in out.read_text()
