@@ -188,6 +188,14 @@ def test_lm_analyses(lm_run, shared_data, tmp_path):
   with open(written["word_position"][0]) as f:
     pos = json.load(f)
   assert pos["overall"]["count"] == 1996 and pos["count"][0] > 0
+  # The jitted batch scorer equals Run.log_probs of the sentence alone.
+  with open(written["token_losses"][0]) as f:
+    got = json.load(f)["results"][0]
+  ids = np.concatenate([[run.vocab.eos_id],
+                        [run.vocab.id(s) for s in got["symbols"]]])
+  lp = run.log_probs(ids.astype(np.int32))
+  np.testing.assert_allclose(got["log_probs"], lp[np.arange(len(ids) - 1),
+                                                  ids[1:]], rtol=1e-5)
 
 
 def test_tree_gradient_ratio_per_epoch(tree_run):
