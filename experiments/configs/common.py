@@ -36,7 +36,7 @@ def tree_data(**kw) -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict(dict(
       dataset="keyword", experiment="length", index=1, scale=1.0, seed=0,
       binary=False, per_node=False, data_dir=None, manual_dir=None,
-      batch_size=20, eval_batch_size=100))
+      batch_size=20, eval_batch_size=100, gradient_trees=200))
   d.update(kw)
   return d
 

@@ -283,6 +283,11 @@ class Trainer:
         results[split] = res
         writer.write(step, split, {**res, "replica": r, "epoch": epoch,
                                    "temperature": tau_eval})
+      if hasattr(task, "epoch_metrics"):   # e.g. gradient ratios per epoch
+        extra = task.epoch_metrics(params_r, epoch)
+        if extra:
+          writer.write(step, "epoch_metrics", {**extra, "replica": r,
+                                               "epoch": epoch})
       main = results[task.eval_splits()[0]]["loss"]
       logging.info("epoch %d replica %d: %s", epoch, r,
                    {s: {k: round(float(v), 4) for k, v in d.items()}

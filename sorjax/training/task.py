@@ -45,6 +45,10 @@ class Task(Protocol):
     """Metrics of one replica on a split, "loss" among them (lower is
     better; plateau and early stopping monitor it)."""
 
+  # Optional: epoch_metrics(params, epoch) -> dict of scalars, computed
+  # after each epoch's evaluation and written to metrics.jsonl with split
+  # "epoch_metrics" (the trees task records Le & Zuidema's gradient ratios).
+
   def eval_splits(self) -> tuple[str, ...]:
     """Splits evaluated after every epoch; the first one selects the best
     checkpoint and drives plateau / early stopping."""

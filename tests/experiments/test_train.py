@@ -128,3 +128,8 @@ def test_trees_task_runs_a_keyword_experiment(tmp_path):
   assert len(dev) == 2 and 0.0 <= dev[-1]["accuracy"] <= 1.0
   assert np.isfinite(dev[-1]["loss"])
   assert int(state.step[0]) == 2 * (200 // 20)
+  # Le & Zuidema's gradient ratios, recorded after every epoch.
+  grads = read_metrics(str(tmp_path), "epoch_metrics")
+  assert [r["epoch"] for r in grads] == [1, 2]
+  assert any(k.startswith("grad_ratio_depth_") for k in grads[0])
+  assert all(v > 0 for k, v in grads[0].items() if k.startswith("grad_"))

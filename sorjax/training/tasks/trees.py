@@ -47,6 +47,8 @@ class TreeTask:
                         f"{cells_lib.TREE_CELLS}, got {m.cell!r}")
     self.batch_size, self.eval_batch_size = d.batch_size, d.eval_batch_size
     self.seed, self.per_node = d.seed, bool(d.get("per_node", False))
+    self.examples = None
+    self.gradient_trees = d.get("gradient_trees", 200)
     if d.dataset == "keyword":
       self._keyword(d)
     elif d.dataset == "sst":
@@ -157,6 +159,23 @@ class TreeTask:
     logits = self._logits(params, batch)
     loss, acc = loss_and_accuracy(logits, trees.Schedule(**batch))
     return loss, (carry, {"accuracy": acc})
+
+  def epoch_metrics(self, params, epoch):
+    """Le & Zuidema 3.3: median ||dJ/dx_keyword|| / ||dJ/dx_root|| per
+    keyword depth over (up to) data.gradient_trees training trees, recorded
+    after every epoch (keyword task only)."""
+    if self.examples is None or not self.gradient_trees:
+      return {}
+    from sorjax.analysis.tree_gradients import tree_ratios
+    depth, num, den = tree_ratios(self, params, "train", self.gradient_trees)
+    with np.errstate(divide="ignore", invalid="ignore"):
+      ratio = num / den
+    out = {}
+    for d in np.unique(depth):
+      r = ratio[(depth == d) & np.isfinite(ratio)]
+      if r.size:
+        out[f"grad_ratio_depth_{int(d)}"] = float(np.median(r))
+    return out
 
   # ---------------------------------------------------------------- eval
   def eval_splits(self):
