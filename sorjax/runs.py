@@ -12,6 +12,7 @@ orbax what to read.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 from typing import Any
@@ -87,11 +88,18 @@ class Run:
       raise ValueError(f"token ids must be in [0, {V}), got "
                        f"[{tokens.min()}, {tokens.max()}]")
     tau = self.eval_temperature() if temperature is None else temperature
-    logits, _ = self.task.apply(self.params, jnp.asarray(tokens, jnp.int32),
+    out = np.asarray(_log_probs(self.task, self.params,
+                                jnp.asarray(tokens, jnp.int32),
                                 None if lengths is None else
-                                jnp.asarray(lengths), temperature=tau)
-    out = np.asarray(jax.nn.log_softmax(logits.astype(jnp.float32), -1))
+                                jnp.asarray(lengths, jnp.int32),
+                                jnp.float32(tau)))
     return out[0] if squeeze else out
+
+
+@functools.partial(jax.jit, static_argnums=0)
+def _log_probs(task, params, tokens, lengths, temperature):
+  logits, _ = task.apply(params, tokens, lengths, temperature=temperature)
+  return jax.nn.log_softmax(logits.astype(jnp.float32), -1)
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:

@@ -149,7 +149,8 @@ def init_layers(key: Array, cells: Sequence[Any], input_size: int,
   return tuple(params)
 
 
-def _accepted(cell, keys) -> set[str]:
+def accepted_aux(cell, keys) -> set[str]:
+  """The keys among `keys` that `cell.precompute` accepts."""
   sig = inspect.signature(cell.precompute).parameters
   if any(p.kind == p.VAR_KEYWORD for p in sig.values()):
     return set(keys)
@@ -176,7 +177,7 @@ def unroll_layers(cells: Sequence[Any], params: Sequence[Any], xs: Array,
   unused = set(aux)
   new_carries = []
   for l, (cell, p, c) in enumerate(zip(cells, params, carries)):
-    keys = _accepted(cell, aux)
+    keys = accepted_aux(cell, aux)
     unused -= keys
     c, xs = _unroll(cell, p, xs, c, lengths, reverse=reverse, remat=remat,
                    unroll=unroll, hoist=hoist, **{k: aux[k] for k in keys})

@@ -30,7 +30,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sorjax.analysis.common import FORGET_GATE_CELLS, cell_name
-from sorjax.unroll import _accepted
+from sorjax.unroll import accepted_aux
 
 
 class LayerTrace(NamedTuple):
@@ -110,7 +110,7 @@ def _trace(cells, layer_params, x, lengths, carries, aux):
   layers, finals = [], []
   for cell, params, carry in zip(cells, layer_params, carries):
     out, final = _layer(cell, params, x, mask,
-                        carry, {k: aux[k] for k in _accepted(cell, aux)})
+                        carry, {k: aux[k] for k in accepted_aux(cell, aux)})
     layers.append(out)
     finals.append(final)
     x = out.h

@@ -11,14 +11,14 @@ import numpy as np
 
 from sorjax.data import batching
 from sorjax.training.tasks.common import ConfigError
-from sorjax.unroll import _accepted
+from sorjax.unroll import accepted_aux
 
 
 def aux_names(cells) -> set[str]:
   """The aux inputs any of `cells` accepts (temperature, assignment)."""
   names = set()
   for c in cells:
-    names |= _accepted(c, ("temperature", "assignment"))
+    names |= accepted_aux(c, ("temperature", "assignment"))
   return names
 
 
