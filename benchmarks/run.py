@@ -1,8 +1,12 @@
 """Benchmark driver: paired, interleaved throughput and memory of every cell.
 
     python -m benchmarks.run                 # full grid (an hour or more here)
-    python -m benchmarks.run --quick         # the targets, a few minutes
+    python -m benchmarks.run --quick         # the targets (minutes when idle)
     python -m benchmarks.run --sections lstm,dyck --rounds 7
+    # per-core and steady on a busy machine: one thread each, CPU time
+    XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
+      python -m benchmarks.run --quick --sections gemm,lstm,dyck --clock cpu \
+      --torch-threads 1
 
 This process imports neither jax nor torch. Each framework runs in its own
 worker process (`benchmarks.jax_worker`, `benchmarks.torch_worker`; importing
