@@ -48,7 +48,9 @@ import tensorflow_datasets as tfds
 DATA_ENV = "SORJAX_DATA_DIR"
 DATASETS_ENV = "SORJAX_DATASETS_DIR"
 NAMES = ("ptb", "ptb_char", "ptb_char_maupome", "wikitext2",
-         "tinyshakespeare", "sst", "blimp")
+         "tinyshakespeare", "sst", "blimp",
+         # Generated from sorjax.data's synthetic languages (no sources).
+         "dyck_km", "dyck_pcfg", "keyword_trees")
 SPLITS = ("train", "validation", "test")
 
 _REPO = pathlib.Path(__file__).resolve().parents[2]
@@ -412,3 +414,62 @@ class LinesBuilder(SourceBuilder, skip_registration=True):
   def _generate_examples(self, lines):
     for i, line in enumerate(lines):
       yield i, {"text": line, "line": i}
+
+
+# ------------------------------------------------- generated (synthetic)
+
+# The generators' split names -> TFDS split names.
+GENERATED_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
+
+
+@dataclasses.dataclass
+class GeneratedConfig(tfds.core.BuilderConfig):
+  """A config of a generated dataset: the generator's seed and a scale in
+  (0, 1] of its split sizes (1 in every published config; smaller for tests
+  and smoke runs, as a config of another name)."""
+  seed: int = 0
+  scale: float = 1.0
+
+
+class GeneratedBuilder(SourceBuilder, skip_registration=True):
+  """Base of the synthetic datasets: examples drawn by a seeded generator,
+  no source files. Subclasses implement `features()` and
+  `generate(config) -> {generator split: list of examples}` and
+  `encode(example) -> feature dict`."""
+
+  def features(self) -> dict:
+    raise NotImplementedError
+
+  def generate(self, config) -> dict:
+    raise NotImplementedError
+
+  def encode(self, example) -> dict:
+    raise NotImplementedError
+
+  def _info(self):
+    return self.dataset_info_from_configs(
+        features=tfds.features.FeaturesDict(self.features()),
+        homepage=getattr(self, "HOMEPAGE", ""),
+        metadata=tfds.core.MetadataDict(),
+        disable_shuffling=True)  # examples in the generator's order
+
+  def _split_generators(self, dl_manager):
+    config = self.builder_config
+    scale = config.scale
+    if not 0 < scale <= 1:
+      raise ValueError(f"{self.name}/{config.name}: scale must be in (0, 1], "
+                       f"got {scale}")
+    splits = self.generate(config)
+    self.info.metadata["source"] = f"generated (seed {config.seed})"
+    self.info.metadata["seed"] = int(config.seed)
+    self.info.metadata["scale"] = float(scale)
+    unknown = sorted(set(splits) - set(GENERATED_SPLITS))
+    if unknown:
+      raise ValueError(f"{self.name}: generator split(s) {unknown} have no "
+                       f"TFDS name; known: {sorted(GENERATED_SPLITS)}")
+    return {GENERATED_SPLITS[s]: self._generate_examples(examples)
+            for s, examples in splits.items()}
+
+  def _generate_examples(self, examples):
+    for i, example in enumerate(examples):
+      yield i, self.encode(example)
