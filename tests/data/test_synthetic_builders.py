@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from sorjax.data import builders, build, dyck, keyword_trees, pcfg
+from sorjax.data import builders, build, dyck, keyword_trees, markov, pcfg
 
 
 def tiny(builder_name, **fields):
@@ -151,3 +151,39 @@ def test_bad_config_named(tmp_path):
   with pytest.raises(ValueError, match=r"experiment must be one of"):
     cls(config=config, data_dir=str(tmp_path),
         file_format="array_record").download_and_prepare()
+
+
+def test_markov_ptb(tmp_path):
+  """From a tiny PTB fixture: lines re-cut from markov_corpus on train's
+  bigrams, each split as many tokens as its source split."""
+  manual = tmp_path / "manual" / "ptb"
+  manual.mkdir(parents=True)
+  src = {"train": [" a b c", " b a", " c c a b"], "validation": [" a c"],
+         "test": [" b", " c a b a"]}
+  files = {"train": "ptb.train.txt", "validation": "ptb.valid.txt",
+           "test": "ptb.test.txt"}
+  for split, name in files.items():
+    (manual / name).write_text("\n".join(src[split]) + "\n")
+  b = builders.prepare("markov_ptb", tmp_path / "data", manual.parent,
+                       verify_checksums=False)
+  assert "tensorflow" not in sys.modules
+  ds = b.as_data_source()
+  vocab = ["<eos>", "a", "b", "c"]                     # sorted words
+  train = [w for l in src["train"] for w in l.split() + ["<eos>"]]
+  ids = np.array([vocab.index(w) for w in train])
+  seeds = dyck.split_seeds(0, ["train", "validation", "test"])
+  for split in files:
+    n = sum(len(l.split()) + 1 for l in src[split])
+    drawn = [vocab[i] for i in markov.markov_corpus(ids, seeds[split], n)]
+    expected = (" " + " ".join(drawn)).split(" <eos>")  # naive re-cut
+    expected = [l.strip() for l in expected]
+    if expected[-1] == "":
+      expected.pop()
+    got = [ds[split][i]["text"] for i in range(len(ds[split]))]
+    got = [t.decode() if isinstance(t, bytes) else t for t in got]
+    assert got == expected, split
+    assert [ds[split][i]["line"] for i in range(len(got))] == list(
+        range(len(got)))
+    # Every bigram of the output is a bigram of train (read as a cycle).
+    pairs = set(zip(train, train[1:] + train[:1]))
+    assert set(zip(drawn, drawn[1:])) <= pairs
