@@ -1,4 +1,6 @@
-"""TFDS builders of the real corpora: finding, verifying and reading sources.
+"""TFDS builders: the real corpora (finding, verifying and reading their
+sources) and the generated synthetic languages (`GeneratedBuilder`: Dyck-(k,m),
+the Dyck-2 PCFG, keyword trees, the Markov control corpus).
 
 The builders live in `datasets/<name>/<name>_dataset_builder.py` (the
 `tfds build` layout) and subclass `SourceBuilder` (or `LinesBuilder`) from

@@ -67,6 +67,7 @@ LM_CORPORA = {
     "ptb_char": Corpus(_words, unk=None),  # "a e r _ b a n k": symbols
     "ptb_char_maupome": Corpus(_chars, unk=None),
     "tinyshakespeare": Corpus(_chars, unk=None),
+    "markov_ptb": Corpus(_words, unk="<unk>"),  # Mahto 3.1.1 control corpus
 }
 
 
