@@ -93,8 +93,8 @@ class Options:
     try:
       out = cast(value)
     except ValueError:
-      raise self.error(f"{what} must be a {cast.__name__}, got "
-                       f"{value!r}") from None
+      kind = "an integer" if cast is int else "a number"
+      raise self.error(f"{what} must be {kind}, got {value!r}") from None
     if positive and not out > 0:
       raise self.error(f"{what} must be > 0, got {value!r}")
     return out

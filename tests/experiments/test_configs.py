@@ -410,11 +410,12 @@ def test_mahto_dyck_is_section_3_1_2(model):
     (lin_dyck, "gru,m4", "model must be one of lstm, attention, assignment"),
     (lin_dyck, "lstm,m4,extra", "unexpected 'extra'"),
     (lin_wikitext2, "attention", "missing number of cells S"),
-    (lin_wikitext2, "attention,two", "must be a int, got 'two'"),
+    (lin_wikitext2, "attention,two", "must be an integer, got 'two'"),
     (lin_wikitext2, "attention,0", "must be > 0"),
     (maupome_ablation, "DE,relu", "activation must be one of tanh, identity"),
     (maupome_ratio, "2,bigram", "character-bigram tokenization"),
     (maupome_ratio, "-2", "ratio must be > 0"),
+    (maupome_ratio, "half", "ratio must be a number, got 'half'"),
     (renganathan_dyck, "m4,learned", "unexpected 'learned'"),
     (renganathan_ptb, "char,gru", "cell must be one of"),
     (renganathan_ptb, "char,lstm,3", "layers must be one of 1, 2"),
@@ -429,6 +430,16 @@ def test_bad_config_strings_name_the_file_and_the_usage(module, string,
   with pytest.raises(ConfigError, match=re.escape(match)) as e:
     module.get_config(string)
   assert f"{name}.py:{string!r}" in str(e.value) and "usage:" in str(e.value)
+
+
+def _parse_flags(argv):
+  from absl import flags
+  from ml_collections import config_flags
+  values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=values,
+                                  lock_config=True, sys_argv=argv)
+  values(argv)
+  return values.config
 
 
 def _documented_commands():
@@ -449,8 +460,6 @@ def test_documented_commands_parse_as_the_binary_would(monkeypatch):
   """Every documented command's --config (file and string) and overrides
   are accepted by ml_collections' config flag, as experiments.main reads
   them; every paper config is documented."""
-  from absl import flags
-  from ml_collections import config_flags
   monkeypatch.chdir(ROOT)
   documented = set()
   commands = list(_documented_commands())
@@ -459,12 +468,7 @@ def test_documented_commands_parse_as_the_binary_would(monkeypatch):
     args = shlex.split(line)
     args = [a for a in args[args.index("experiments.main") + 1:]
             if not a.startswith("--workdir")]
-    values = flags.FlagValues()
-    argv = ["main", *args]
-    config_flags.DEFINE_config_file("config", None, "", flag_values=values,
-                                    lock_config=True, sys_argv=argv)
-    values(argv)
-    cfg = values.config
+    cfg = _parse_flags(["main", *args])
     for a in args[1:]:                 # the overrides took effect
       key, value = a[len("--config."):].split("=", 1)
       node = cfg
@@ -475,3 +479,21 @@ def test_documented_commands_parse_as_the_binary_would(monkeypatch):
     documented.add(name.group(1))
   modules = {f[:-3] for f in os.listdir(CONFIG_DIR) if f.endswith(".py")}
   assert documented == modules - NOT_PAPER_CONFIGS
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
+@pytest.mark.parametrize("name", sorted(
+    {c.module.__name__.rsplit(".", 1)[1] for c in CASES}))
+def test_optional_fields_can_be_set_on_the_command_line(name, monkeypatch):
+  """None-valued fields (max_steps, eval tau, data caps) are typed
+  placeholders, so `--config.x=v` works; a wrong type is refused."""
+  monkeypatch.chdir(ROOT)
+  path = f"--config=experiments/configs/{name}.py"
+  cfg = _parse_flags(["main", path, "--config.train.max_steps=3",
+                      "--config.temperature.eval_value=0.05",
+                      "--config.model.budget=1000"])
+  assert (cfg.train.max_steps, cfg.temperature.eval_value,
+          cfg.model.budget) == (3, 0.05, 1000)
+  assert _parse_flags(["main", path]).train.max_steps is None
+  with pytest.raises(Exception, match="max_steps"):
+    _parse_flags(["main", path, "--config.train.max_steps=three"])
