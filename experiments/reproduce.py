@@ -398,8 +398,8 @@ def item_multi_timescale(ctx: Context) -> dict:
        "optim.learning_rate": 3e-3, "train.num_epochs": 1})
   sizes = "16-16-8" if ctx.micro else "64-64-32"
   lm_ov = _dyck_scale(
-      ctx, {"data.max_train_tokens": 200_000, "data.max_eval_tokens": 20_000,
-            "train.num_epochs": 3},
+      ctx, {"data.max_train_tokens": 100_000, "data.max_eval_tokens": 10_000,
+            "train.num_epochs": 1},
       {"data.max_train_tokens": 3_000, "data.max_eval_tokens": 1_000,
        "train.num_epochs": 1})
   res, figs = {}, []
@@ -442,7 +442,7 @@ def item_multi_timescale(ctx: Context) -> dict:
     lm[model] = wd
   ts = analyse(lm["mts"], ["timescales"],
                os.path.join(lm["mts"], "analysis"),
-               max_tokens=20_000 if not ctx.micro else 500)["timescales"]
+               max_tokens=10_000 if not ctx.micro else 500)["timescales"]
   res["timescales"] = {l: {"cell": v["cell"], "reference": v["reference"],
                            "correlation": v["correlation"]}
                        for l, v in ts["layers"].items()}

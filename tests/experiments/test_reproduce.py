@@ -48,6 +48,20 @@ def test_per_replica_names_a_missing_test_record(tmp_path):
     reproduce.per_replica(str(tmp_path))
 
 
+def test_per_replica_selects_on_valid_for_language_models(tmp_path):
+  recs = []
+  for step, valid, test in ((10, 2.0, 5.0), (20, 1.5, 4.0), (30, 1.7, 3.0)):
+    recs.append({"step": step, "split": "valid", "replica": 0,
+                 "epoch": step // 10, "loss": valid})
+    recs.append({"step": step, "split": "test", "replica": 0,
+                 "epoch": step // 10, "loss": test, "perplexity": 2 * test})
+  _write_metrics(str(tmp_path), recs)
+  (row,) = reproduce.per_replica(str(tmp_path))
+  assert (row["step"], row["loss"], row["perplexity"]) == (20, 4.0, 8.0)
+  with pytest.raises(reproduce.ReproduceError, match="no 'dev' records"):
+    reproduce.per_replica(str(tmp_path), select="dev")
+
+
 def test_stats_are_mean_and_sample_sd():
   s = reproduce.stats([1.0, 2.0, 4.0])
   assert s["mean"] == pytest.approx(7 / 3)
@@ -93,3 +107,8 @@ def test_item_1_runs_at_micro_scale(tmp_path):
   # A finished run is not retrained: the recorded wall time is reused.
   again = reproduce.reproduce("1", str(tmp_path / "runs"), scale="micro")
   assert again["runs"][0]["wall_s"] == run["wall_s"]
+  # ... and a run directory trained with other overrides is refused.
+  with pytest.raises(reproduce.ReproduceError,
+                     match="was trained with other overrides"):
+    reproduce.reproduce("1", str(tmp_path / "runs"), scale="micro",
+                        replicas=2)
