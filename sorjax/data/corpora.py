@@ -37,6 +37,7 @@ import numpy as np
 
 from sorjax.data import builders
 from sorjax.data import vocab as vocab_lib
+from sorjax.data.tokenize import Tokenizer
 
 EOS = "<eos>"
 SPLITS = builders.SPLITS
@@ -54,11 +55,17 @@ def _chars(line: str) -> list[str]:
   return list(line)
 
 
+def _char_bigrams(line: str) -> list[str]:
+  # Maupome & Meurs 4.2: pairs within a word, the space its own symbol.
+  return Tokenizer("char_bigram", eos=None)(line)
+
+
 @dataclasses.dataclass(frozen=True)
 class Corpus:
   """How a language-modelling corpus turns a line into symbols."""
   symbols: Callable[[str], list[str]]
   unk: str | None  # None: closed vocabulary, an unseen symbol is an error
+  builder: str | None = None  # the dataset it reads; None: its own name
 
 
 LM_CORPORA = {
@@ -66,6 +73,9 @@ LM_CORPORA = {
     "wikitext2": Corpus(_words, unk="<unk>"),
     "ptb_char": Corpus(_words, unk=None),  # "a e r _ b a n k": symbols
     "ptb_char_maupome": Corpus(_chars, unk=None),
+    # The same text in character bigrams (Maupome & Meurs 4.2).
+    "ptb_char_maupome_bigram": Corpus(_char_bigrams, unk="<unk>",
+                                      builder="ptb_char_maupome"),
     "tinyshakespeare": Corpus(_chars, unk=None),
     "markov_ptb": Corpus(_words, unk="<unk>"),  # Mahto 3.1.1 control corpus
 }
@@ -79,8 +89,11 @@ def corpus(name: str) -> Corpus:
             if base in builders.NAMES else " is unknown")
     raise ValueError(f"corpus {name!r}{kind}; language-modelling corpora: "
                      f"{', '.join(LM_CORPORA)}")
-  builders.split_name(name)  # validates the config part's syntax
-  return LM_CORPORA[base]
+  spec = LM_CORPORA[base]
+  _, _, config = name.partition("/")
+  builders.split_name((spec.builder or base) + (f"/{config}" if config
+                                                 else ""))  # config syntax
+  return spec
 
 
 def canonical_split(split: str) -> str:
@@ -113,8 +126,12 @@ def load_corpus(name: str, split: str, data_dir=None, *, manual_dir=None
   """
   spec = corpus(name)
   split = canonical_split(split)
-  b = builders.prepare(name, data_dir, manual_dir)
-  cache = pathlib.Path(b.data_dir) / _CACHE
+  base, _, config = name.partition("/")
+  source = (spec.builder + (f"/{config}" if config else "")
+            if spec.builder else name)
+  b = builders.prepare(source, data_dir, manual_dir)
+  cache = pathlib.Path(b.data_dir) / (
+      _CACHE if spec.builder is None else f"{_CACHE}_{base}")
   vocab = _vocab(name, cache, b)
   path = cache / f"{split}.npy"
   if path.is_file():

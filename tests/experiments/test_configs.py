@@ -413,7 +413,7 @@ def test_mahto_dyck_is_section_3_1_2(model):
     (lin_wikitext2, "attention,two", "must be an integer, got 'two'"),
     (lin_wikitext2, "attention,0", "must be > 0"),
     (maupome_ablation, "DE,relu", "activation must be one of tanh, identity"),
-    (maupome_ratio, "2,bigram", "character-bigram tokenization"),
+    (maupome_ratio, "2,trigram", "tokenization must be one of"),
     (maupome_ratio, "-2", "ratio must be > 0"),
     (maupome_ratio, "half", "ratio must be a number, got 'half'"),
     (renganathan_dyck, "m4,learned", "unexpected 'learned'"),

@@ -89,6 +89,11 @@ def make_cells(m: ml_collections.ConfigDict, hidden_size: int | None = None,
 
 
 def trunk_kwargs(m: ml_collections.ConfigDict) -> dict[str, Any]:
+  if m.get("embedding_init") is not None:
+    raise ConfigError(
+        f"model.embedding_init={m.embedding_init!r} is only used by the trees "
+        "task (Le & Zuidema's U(-1e-4, 1e-4)); token models initialise the "
+        "embedding with N(0, 1/E)")
   kw = {k: m[k] for k in TRUNK_FIELDS}
   if not isinstance(kw["locked_dropout"], bool):
     kw["locked_dropout"] = tuple(kw["locked_dropout"])

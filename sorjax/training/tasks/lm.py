@@ -51,6 +51,12 @@ class LanguageModelTask(ModelTask):
         tie_projection=config.model.tie_projection,
         **trunk_kwargs(config.model))), config)
     self.bits = d.corpus.startswith(("ptb_char", "tinyshakespeare"))
+    # Characters per symbol, so bits per *character* also holds for the
+    # character-bigram corpus (Maupome & Meurs 4.2); <eos> is one newline.
+    specials = {self.vocab.eos_id, self.vocab.unk_id}
+    self.char_len = np.asarray(
+        [1 if i in specials else len(sym)
+         for i, sym in enumerate(self.vocab.decode(range(V)))], np.int64)
     pad_to = (d.pad_to or d.bptt + 25) if d.variable_bptt else None
     try:
       self.batcher = batching.StreamBatcher(
@@ -125,15 +131,17 @@ class LanguageModelTask(ModelTask):
       yield batch.inputs, batch.targets, batch.lengths, np.asarray(ce)
 
   def evaluate(self, params, split, temperature):
-    nll, count = 0.0, 0
-    for _, _, lengths, ce in self.token_losses(params, split, temperature):
+    nll, count, chars = 0.0, 0, 0
+    for _, targets, lengths, ce in self.token_losses(params, split,
+                                                     temperature):
       mask = np.arange(ce.shape[1])[None] < lengths[:, None]
       nll += float(np.sum(ce * mask))
       count += int(mask.sum())
+      chars += int(np.sum(self.char_len[targets] * mask))
     if count == 0:
       raise ConfigError(f"data: split {split!r} has no tokens to evaluate")
     loss = nll / count
     out = {"loss": loss, "perplexity": math.exp(min(loss, 700.0))}
     if self.bits:
-      out["bits_per_char"] = loss / math.log(2)
+      out["bits_per_char"] = nll / chars / math.log(2)
     return out

@@ -56,7 +56,11 @@ class TreeTask:
     else:
       raise ConfigError(f"data.dataset must be 'keyword' or 'sst', got "
                         f"{d.dataset!r}")
-    self.cell = cells_lib.make(m.cell, hidden_size=m.hidden_size)
+    extra = {"activation": m.activation} if m.get("activation") else {}
+    try:
+      self.cell = cells_lib.make(m.cell, hidden_size=m.hidden_size, **extra)
+    except (TypeError, ValueError) as e:
+      raise ConfigError(f"model: {e}") from None
     self.model = TreeClassifier(vocab_size=self.vocab_size,
                                 num_classes=self.num_classes, cell=self.cell,
                                 per_node=self.per_node,
