@@ -620,7 +620,7 @@ def item_blimp(ctx: Context) -> dict:
       accs.append(ev["accuracy"])
       cats.append(ev["categories"])
     res[label] = {"accuracy": stats(accs), "pairs": len(pairs),
-                  "oov_pairs_seed0": None, "categories_seed0": cats[0]}
+                  "categories_seed0": cats[0]}
   plt = _plt()
   fig, ax = plt.subplots(figsize=(4, 3))
   labels = list(res)
