@@ -43,6 +43,10 @@ def get_config(config_string: str = "tree_lstm,length,1"):
   c.num_replicas = 5
   c.optim.name = "adagrad"
   c.optim.learning_rate = 0.05
+  # AdaGrad as Duchi et al. define it (accumulator from 0): with optax's
+  # default 0.1 the first steps on U(+-1e-4) word vectors are ~1e-5 and the
+  # scaled runs never left loss ln 10 (docs/RESULTS.md, item 5).
+  c.optim.initial_accumulator = 0.0
   c.early_stopping.patience = 5
   c.train.num_epochs = 100   # a cap: early stopping ends the run
   c.train.log_every = 100
