@@ -1,5 +1,9 @@
 """Helpers for the naive per-family references (NumPy, float64, for-loops)."""
 
+import functools
+
+import jax
+import jax.numpy as jnp
 import numpy as np
 
 
@@ -56,3 +60,19 @@ def assert_no_bhh(fn, args, B, H):
   bad = [s for s in intermediate_shapes(fn, *args)
          if B in s and list(s).count(H) >= 2]
   assert not bad, f"per-example [B={B}, H={H}, H] arrays built: {bad}"
+
+
+def random_params(cell, D, seed):
+  """Uniform(+-1/sqrt(H)) values, biases included, in the shapes `cell.init`
+  declares (read with eval_shape: no per-shape RNG compiles in the tests)."""
+  shapes = jax.eval_shape(functools.partial(cell.init, input_size=D),
+                          jax.random.key(0))
+  rng = np.random.default_rng(seed)
+  s = 1.0 / np.sqrt(cell.hidden_size)
+  return {k: jnp.asarray(rng.uniform(-s, s, v.shape), v.dtype)
+          for k, v in shapes.items()}
+
+
+def normal(seed, shape, scale=1.0):
+  return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(
+      shape), jnp.float32)

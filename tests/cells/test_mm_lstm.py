@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 import sorjax
-from tests.cells.reference import assert_no_bhh, np_params, sigmoid
+from tests.cells.reference import normal, random_params, assert_no_bhh, np_params, sigmoid
 
 GATES = ("c", "i", "f", "o")
 
@@ -19,22 +19,6 @@ def make(H=4, D=2, num_matrices=(4, 4, 2, 2), seed=0):
   cell = sorjax.cells.make("mm_lstm", hidden_size=H,
                            num_matrices=num_matrices)
   return cell, random_params(cell, D, seed)
-
-
-def random_params(cell, D, seed):
-  """Uniform(+-1/sqrt(H)) values, biases included, in the shapes `cell.init`
-  declares (read with eval_shape: no per-shape RNG compiles in the tests)."""
-  shapes = jax.eval_shape(functools.partial(cell.init, input_size=D),
-                          jax.random.key(0))
-  rng = np.random.default_rng(seed)
-  s = 1.0 / np.sqrt(cell.hidden_size)
-  return {k: jnp.asarray(rng.uniform(-s, s, v.shape), v.dtype)
-          for k, v in shapes.items()}
-
-
-def normal(seed, shape, scale=1.0):
-  return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(
-      shape), jnp.float32)
 
 
 def softmax(z):
