@@ -21,7 +21,7 @@ import numpy as np
 
 import sorjax
 from sorjax import cells
-from benchmarks import naive, specs, worker
+from benchmarks import naive, worker
 
 
 def peak_bytes(compiled) -> int | None:

@@ -26,7 +26,6 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from sorjax.cells import base
 from sorjax.cells.lstm import lstm_update
 from sorjax.cells.mm_rnn import MMRNNCarry, fused_recurrent, mix
 
@@ -117,15 +116,15 @@ def mm_rnn_unroll(cell, params, xs, **aux):
   return jnp.swapaxes(ys, 0, 1)
 
 
-UNROLLS = {"lstm": lstm_unroll, "mts_lstm": None, "mm_rnn": mm_rnn_unroll}
+UNROLLS = {"lstm": lstm_unroll, "mm_rnn": mm_rnn_unroll}
 
 
 def prototype_unroll(name: str) -> Callable[..., Any]:
-  fn = UNROLLS.get(name)
-  if fn is None:
+  """The batched-dW unroll of cell `name` (lstm, mm_rnn)."""
+  if name not in UNROLLS:
     raise ValueError(f"prototypes: no batched-dW prototype for {name!r}; "
-                     f"have {sorted(k for k, v in UNROLLS.items() if v)}")
-  return fn
+                     f"have {sorted(UNROLLS)}")
+  return UNROLLS[name]
 
 
 def policy_unroll(cell, params, xs, policy: str = "dots", **aux):

@@ -43,7 +43,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any, Callable, Iterable
+from typing import Callable, Iterable
 
 from benchmarks import flops, specs
 
@@ -263,10 +263,10 @@ def lstm_peer(impl, B, T, H, framework, **opts) -> Contender:
 
 
 def matmuls(n: int, torch_ok: bool) -> list[Contender]:
-  out = [Contender(f"matmul-jax", dict(impl="matmul", framework="jax", n=n),
+  out = [Contender("matmul-jax", dict(impl="matmul", framework="jax", n=n),
                    "jax", flops.matmul_flops(n))]
   if torch_ok:
-    out.append(Contender(f"matmul-torch",
+    out.append(Contender("matmul-torch",
                          dict(impl="matmul", framework="torch", n=n),
                          "torch", flops.matmul_flops(n)))
   return out

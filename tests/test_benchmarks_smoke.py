@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import sorjax
-from benchmarks import flops, jax_worker, naive, run, specs
+from benchmarks import flops, jax_worker, naive, prototypes, run, specs
 from tests.cells.reference import intermediate_shapes
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -100,6 +100,23 @@ def test_naive_rejects_first_order_and_state_mixing():
     jax.eval_shape(lambda p: naive.naive_unroll(
         "attention_lstm", cell, p, jnp.zeros((1, 2, 3)),
         temperature=jnp.float32(1.0)), params)
+
+
+@pytest.mark.parametrize("name", ["lstm", "mm_rnn"])
+def test_batched_dw_prototype_has_autodiff_gradients(name):
+  """The custom-VJP prototype must give the gradients jax.grad gives for
+  sorjax.unroll (the benchmark times it as a proposal)."""
+  with jax.enable_x64(True):
+    cell, params, xs, _ = _setup(name)
+    G = jax.random.normal(jax.random.key(3), (3, 5, 6), jnp.float64)
+    ref = jax.grad(lambda p: jnp.sum(sorjax.unroll(cell, p, xs)[1] * G))
+    new = jax.grad(lambda p: jnp.sum(
+        prototypes.prototype_unroll(name)(cell, p, xs) * G))
+    g_ref, g_new = jax.jit(lambda p: (ref(p), new(p)))(params)
+  for k in g_ref:
+    np.testing.assert_allclose(g_new[k], g_ref[k], rtol=1e-9, atol=1e-12)
+  with pytest.raises(ValueError, match="'mrnn'"):
+    prototypes.prototype_unroll("mrnn")
 
 
 def test_node_by_node_equals_level_schedule():
