@@ -320,23 +320,24 @@ class Bench:
         _note(f"  ! {c.label}: {c.error}")
         continue
       c.info.update(rep)
-      iters[c.key] = max(1, round(p.min_round_s / max(rep["step_s"], 1e-6)))
+      iters[c.info["id"]] = max(1, round(p.min_round_s
+                                         / max(rep["step_s"], 1e-6)))
       live.append(c)
     _note(f"  {', '.join(c.label for c in todo)}: prepared in "
           f"{time.perf_counter() - t0:.0f} s; {p.rounds} rounds")
     for r in range(p.rounds):
       k = r % max(len(live), 1)
       for c in live[k:] + live[:k]:
-        rep = self._call(c, p.timeout_s, cmd="time", id=c.info["id"],
-                         n=iters[c.key])
+        n = iters[c.info["id"]]
+        rep = self._call(c, p.timeout_s, cmd="time", id=c.info["id"], n=n)
         c.rates.append(None if rep is None else
-                       c.info["tokens_per_step"] * iters[c.key]
-                       / rep[self.clock])
+                       c.info["tokens_per_step"] * n / rep[self.clock])
     for c in live:
       self._call(c, 60, cmd="release", id=c.info["id"])
     if self.args.torch_memory:
       for c in live:
-        if c.framework == "torch" and c.spec["impl"] != "matmul":
+        if c.framework == "torch" and c.spec["impl"] not in ("matmul",
+                                                             "stepmm"):
           c.info["peak_bytes"] = torch_memory(c.spec, p.timeout_s)
     g = Group(mm, contenders)
     self.raw.append(g.as_json())
@@ -485,7 +486,6 @@ def section_lstm(b: Bench, rep: Report):
     unhoisted = sorjax("lstm", B, T, H, hoist=False)
     proto = sorjax("lstm", B, T, H)
     proto.spec.update(impl="prototype", variant="batched_dw")
-    proto.key = proto.label
     cs = [torch_c, flax_c, ours, unhoisted, proto]
     g = b.group(cs)
     rows = [[c.label, f_rate(c), f_pct(g.fraction(c)),
