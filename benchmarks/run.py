@@ -776,7 +776,8 @@ def _versions(torch_ok: bool) -> str:
   out = []
   for mod in ("jax", "flax", "torch"):
     if mod == "torch" and not torch_ok:
-      out.append("torch (not installed)")
+      out.append("torch (not installed)" if importlib.util.find_spec("torch")
+                 is None else "torch (not used: --no-torch)")
       continue
     try:
       from importlib.metadata import version
@@ -877,7 +878,9 @@ def main(argv=None) -> int:
           f"- rounds per group: {profile.rounds} (order rotating), >= "
           f"{profile.min_round_s} s per timing; {args.clock} clock; medians; "
           f"ratios are medians of per-round ratios\n"
-          f"- worker log: {log}")
+          + (f"- XLA_FLAGS: `{os.environ['XLA_FLAGS']}`\n"
+             if os.environ.get("XLA_FLAGS") else "")
+          + f"- worker log: {log}")
   rep = Report()
   rep.add(head)
   if args.torch_threads < 0:
