@@ -23,16 +23,6 @@ from sorjax.analysis.common import (check_split, figure, require_task, save,
 from sorjax.training.tasks.base import step_mask
 
 
-def _close_probs(task, lp, batch):
-  """Next-token probabilities [B, T, V] for the 80% rule: the LM's own, or
-  the closing task's k-way softmax placed on the closing ids."""
-  if task.name == "dyck_lm":
-    return np.exp(lp)
-  probs = np.zeros(lp.shape[:2] + (task.lang.vocab_size,))
-  probs[..., task.k:2 * task.k] = np.exp(lp)
-  return probs
-
-
 def ldpa_counts(run, split: str, tau: float | None = None
                 ) -> dict[int, tuple[int, int]]:
   """{closing distance: (correct, total)} over a split."""
@@ -40,13 +30,7 @@ def ldpa_counts(run, split: str, tau: float | None = None
   counts = {}
   for batch, seqs, lp in task.log_probs(run.params, split,
                                         temperature(run, tau)):
-    tokens = np.concatenate([batch.inputs[:, :1], batch.targets], 1)
-    dist = np.zeros(tokens.shape, np.int64)
-    for r, s in enumerate(seqs):
-      if s is not None:
-        dist[r, :len(s)] = task.lang.closing_distances(s)
-    counts = dyck_metrics.merge(counts, dyck_metrics.ldpa(
-        _close_probs(task, lp, batch), tokens, dist, task.k))
+    counts = dyck_metrics.merge(counts, task.ldpa_batch(batch, seqs, lp))
   return counts
 
 

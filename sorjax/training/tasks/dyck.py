@@ -136,6 +136,20 @@ class DyckLM(ModelTask):
     seqs, lo, hi = self.splits[split]
     return self.lang.oracle_score(seqs, lo, hi)
 
+  def close_probs(self, lp):
+    """Next-token probabilities [B, T, V] for the 80% rule."""
+    return np.exp(lp)
+
+  def ldpa_batch(self, batch, seqs, lp) -> dict[int, tuple[int, int]]:
+    """LDPA counts {closing distance: (correct, total)} of one eval batch
+    (as `log_probs` yields it)."""
+    tokens = np.concatenate([batch.inputs[:, :1], batch.targets], 1)
+    dist = np.zeros(tokens.shape, np.int64)
+    for r, s in enumerate(seqs):
+      if s is not None:
+        dist[r, :len(s)] = self.lang.closing_distances(s)
+    return dyck_metrics.ldpa(self.close_probs(lp), tokens, dist, self.k)
+
   def evaluate(self, params, split, temperature):
     nll, count, counts = 0.0, 0, {}
     for batch, seqs, lp in self.log_probs(params, split, temperature):
@@ -143,13 +157,7 @@ class DyckLM(ModelTask):
       tok_lp = np.take_along_axis(lp, batch.targets[..., None], -1)[..., 0]
       nll -= float(np.sum(tok_lp * mask))
       count += int(mask.sum())
-      tokens = np.concatenate([batch.inputs[:, :1], batch.targets], 1)
-      dist = np.zeros(tokens.shape, np.int64)
-      for r, s in enumerate(seqs):
-        if s is not None:
-          dist[r, :len(s)] = self.lang.closing_distances(s)
-      counts = dyck_metrics.merge(counts, dyck_metrics.ldpa(
-          np.exp(lp), tokens, dist, self.k))
+      counts = dyck_metrics.merge(counts, self.ldpa_batch(batch, seqs, lp))
     loss = nll / count
     oracle = self.oracle(split)
     return {"loss": loss, "perplexity": math.exp(loss),
@@ -172,6 +180,12 @@ class DyckClosing(DyckLM):
     is_close = (targets >= self.k) & (targets < 2 * self.k)
     return is_close, jnp.where(is_close, targets - self.k, 0)
 
+  def close_probs(self, lp):
+    """The k-way softmax placed on the closing ids, all mass on closes."""
+    probs = np.zeros(lp.shape[:2] + (self.lang.vocab_size,))
+    probs[..., self.k:2 * self.k] = np.exp(lp)
+    return probs
+
   def loss(self, params, carry, batch, rng, temperature, train):
     logits, _ = self.apply(params, batch["inputs"], batch["lengths"],
                            rng=rng if train else None, temperature=temperature)
@@ -190,16 +204,7 @@ class DyckClosing(DyckLM):
       nll -= float(np.sum(tok_lp * mask))
       count += int(mask.sum())
       argmax_ok += int(np.sum((lp.argmax(-1) == cls) & mask))
-      # As next-token rows with all mass on the k closes, for the 80% rule.
-      probs = np.zeros(lp.shape[:2] + (self.lang.vocab_size,))
-      probs[..., self.k:2 * self.k] = np.exp(lp)
-      tokens = np.concatenate([batch.inputs[:, :1], batch.targets], 1)
-      dist = np.zeros(tokens.shape, np.int64)
-      for r, s in enumerate(seqs):
-        if s is not None:
-          dist[r, :len(s)] = self.lang.closing_distances(s)
-      counts = dyck_metrics.merge(counts, dyck_metrics.ldpa(
-          probs, tokens, dist, self.k))
+      counts = dyck_metrics.merge(counts, self.ldpa_batch(batch, seqs, lp))
     return {"loss": nll / count, "accuracy": argmax_ok / count,
             "wcpa": dyck_metrics.wcpa(counts),
             "close_accuracy": dyck_metrics.accuracy(counts)}
