@@ -229,7 +229,7 @@ def item_dyck_rnn(ctx: Context) -> dict:
   """1. Dyck-RNN WCPA for m = 4, 6, 8 and the learned embedding
   (Renganathan & Singh Table 2, sec. 6.2)."""
   ov = _dyck_scale(ctx, {"data.scale": 0.2, "data.batch_size": 64,
-                         "train.num_epochs": 5},
+                         "train.num_epochs": 100},
                    {"data.scale": 0.005, "data.max_length": 12,
                     "data.num_buckets": 1, "train.num_epochs": 1})
   res, series = {}, {"fixed 1-d embedding, h = m": [],

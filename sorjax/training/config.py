@@ -19,7 +19,8 @@ def base_config() -> ml_collections.ConfigDict:
       eps=1e-8, initial_accumulator=0.1))
   c.plateau = ml_collections.ConfigDict(dict(enabled=False, factor=0.5,
                                              patience=3))
-  c.early_stopping = ml_collections.ConfigDict(dict(patience=None))
+  c.early_stopping = ml_collections.ConfigDict(dict(patience=None,
+                                                     stop_below=None))
   c.nt_asgd = ml_collections.ConfigDict(dict(nonmono=5))
   c.temperature = ml_collections.ConfigDict(dict(
       init=1.0, decay=1.0, per="epoch", floor=0.0, eval_value=None))

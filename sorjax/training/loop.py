@@ -60,7 +60,9 @@ class Trainer:
   """Builds the step and runs epochs for a task and a config.
 
   config fields read here: seed, num_replicas, optim.*, plateau.*,
-  early_stopping.patience, nt_asgd.nonmono, temperature.*, train.*
+  early_stopping.patience (epochs without improving the first eval
+  split's loss) and .stop_below (stop once it is below, every replica),
+  nt_asgd.nonmono, temperature.*, train.*
   (num_epochs, max_steps, log_every, checkpoint_every, keep_checkpoints).
   """
 
@@ -306,7 +308,9 @@ class Trainer:
         logging.info("replica %d: NT-ASGD starts averaging at epoch %d",
                      r, epoch)
       start_avg.append(fire)
-      stops.append(early[r].update(main)[1] if early[r] else False)
+      stop_r = early[r].update(main)[1] if early[r] else False
+      below = cfg.early_stopping.get("stop_below")
+      stops.append(stop_r or (below is not None and main < below))
     # Best checkpoint: this epoch's main loss, averaged over replicas.
     mean_now = float(np.mean(mains))
     if mean_now < meta["best_mean"]:

@@ -79,3 +79,19 @@ def test_four_devices_match_one(tmp_path):
     out[n] = json.loads(res.stdout.strip().splitlines()[-1])
   assert out[4][0] == 4 and out[1][0] == 1
   np.testing.assert_allclose(out[4][1], out[1][1], rtol=1e-5)
+
+
+def test_stop_below_ends_the_run_once_every_replica_is_under_it(tmp_path):
+  run(tmp_path / "f", train={"num_epochs": 6})
+  full = [r["loss"] for r in read_metrics(str(tmp_path / "f"), "valid")]
+  # A threshold between epoch 2's and epoch 1's loss: stops after epoch 2.
+  thr = (full[0] + full[1]) / 2
+  assert full[1] < thr < full[0]
+  config = toy_config(num_epochs=6)
+  config.early_stopping.stop_below = thr
+  Trainer(ToyTask(), config, str(tmp_path / "s")).run()
+  recs = read_metrics(str(tmp_path / "s"), "valid")
+  assert [r["epoch"] for r in recs] == [1, 2]
+  # A rerun of a stopped run does nothing more.
+  Trainer(ToyTask(), config, str(tmp_path / "s")).run()
+  assert len(read_metrics(str(tmp_path / "s"), "valid")) == 2
