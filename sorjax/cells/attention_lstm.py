@@ -65,12 +65,15 @@ def cell_gates_x(params, xs) -> jax.Array:
   return z + base.lift(params["b"], z.ndim)
 
 
-def cell_gates_h(params, h) -> jax.Array:
-  """h W_h[s] for every cell s: [..., S, 4H], one [H, S*4H] matmul (the
-  reshaped W_h is loop-invariant, so XLA hoists it out of the scan)."""
+def recurrent_matrix(params) -> jax.Array:
+  """[W_h[1] | .. | W_h[S]] [H, S*4H]: every cell's h side in one matrix."""
   S, H, G = params["W_h"].shape
-  z = h @ jnp.transpose(params["W_h"], (1, 0, 2)).reshape(H, S * G)
-  return z.reshape(*z.shape[:-1], S, G)
+  return jnp.transpose(params["W_h"], (1, 0, 2)).reshape(H, S * G)
+
+
+def per_cell(z, num_cells: int) -> jax.Array:
+  """[..., S*4H] -> [..., S, 4H]: h W_h[s] of every cell s."""
+  return z.reshape(*z.shape[:-1], num_cells, z.shape[-1] // num_cells)
 
 
 def mix_cells(alpha, z) -> jax.Array:
@@ -97,15 +100,30 @@ def _initial_carry(hidden_size, params, batch_shape):
   return base.LSTMCarry(z, z)
 
 
-def _mixed_gates_step(params, carry, xp, forget_bias):
+class _SplitStep:
+  """The split step of both cells (see sorjax.unroll): z = h_{t-1} [W_h[1] |
+  .. | W_h[S]], one [H, S*4H] matmul, then the rest (`post`)."""
+
+  def split(self, params):
+    return recurrent_matrix(params), {}
+
+  def recurrent_input(self, carry):
+    return carry.h
+
+  def step(self, params, carry, xp):
+    W, q = self.split(params)
+    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
+
+
+def _mixed_gates_post(num_cells, carry, xp, z, forget_bias):
   """One LSTM step with the alpha-mixed gates (the W_hh(t) mixture)."""
-  gates = xp.gx + mix_cells(xp.alpha, cell_gates_h(params, carry.h))
+  gates = xp.gx + mix_cells(xp.alpha, per_cell(z, num_cells))
   new = lstm_update(gates, carry.c, forget_bias)
   return new, new.h
 
 
 @dataclasses.dataclass(frozen=True)
-class AttentionLSTM:
+class AttentionLSTM(_SplitStep):
   """Attention second-order LSTM (Lin et al. sec. 3.2.2).
 
   Attributes:
@@ -167,18 +185,19 @@ class AttentionLSTM:
       gx = mix_cells(alpha, gx)
     return SecondOrderInputs(gx, alpha)
 
-  def step(self, params, carry, xp):
+  def post(self, q, carry, xp, z):
+    S = self.num_cells
     if self.mix == "gates":
-      return _mixed_gates_step(params, carry, xp, self.forget_bias)
-    z = xp.gx + cell_gates_h(params, carry.h)                 # [..., S, 4H]
-    cells = lstm_update(z, carry.c[..., None, :], self.forget_bias)  # eq. (c)
+      return _mixed_gates_post(S, carry, xp, z, self.forget_bias)
+    gates = xp.gx + per_cell(z, S)                            # [..., S, 4H]
+    cells = lstm_update(gates, carry.c[..., None, :], self.forget_bias)  # eq. (c)
     new = base.LSTMCarry(mix_cells(xp.alpha, cells.h),        # eq. (d)
                          mix_cells(xp.alpha, cells.c))        # eq. (e)
     return new, new.h
 
 
 @dataclasses.dataclass(frozen=True)
-class AssignmentLSTM:
+class AssignmentLSTM(_SplitStep):
   """Assignment second-order LSTM (Lin et al. sec. 3.2.1).
 
   Token t runs through cell `assignment[t]` only: eq. (c)-(e) with alpha_t =
@@ -245,5 +264,5 @@ class AssignmentLSTM:
                          base.param_dtype(params))
     return SecondOrderInputs(mix_cells(alpha, cell_gates_x(params, xs)), alpha)
 
-  def step(self, params, carry, xp):
-    return _mixed_gates_step(params, carry, xp, self.forget_bias)
+  def post(self, q, carry, xp, z):
+    return _mixed_gates_post(self.num_cells, carry, xp, z, self.forget_bias)

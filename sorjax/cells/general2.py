@@ -81,24 +81,36 @@ class General2:
     f = base.lift(params["f"], BxDx.ndim)
     return {"Bx": BxDx[..., :M], "Dx_f": BxDx[..., M:] + f}
 
-  def step(self, params, carry, xp):
-    h, M = carry.h, self.intermediate_size
-    if self.use_E:
-      CE = jnp.concatenate([params["C"], params["E"]], axis=1)
-      ChEh = h @ CE  # C h_{t-1} and E h_{t-1} in one matmul
-      Ch, Eh = ChEh[..., :M], ChEh[..., M:]
-    else:
-      Ch = h @ params["C"]
+  # Split step (see sorjax.unroll): z = h_{t-1} [C | E]; the second matmul
+  # m_t A depends on it, so it stays in `post` (A is in q).
+  def split(self, params):
+    q = {"A": params["A"]}
+    if not self.use_D:
+      q["f"] = params["f"]  # else f is in xp's Dx_f
+    if not self.use_E:
+      return params["C"], q
+    return jnp.concatenate([params["C"], params["E"]], axis=1), q
+
+  def recurrent_input(self, carry):
+    return carry.h
+
+  def post(self, q, carry, xp, hCE):
+    M = self.intermediate_size
+    Ch = hCE[..., :M]  # C h_{t-1}; E h_{t-1} follows when use_E
     m = xp["Bx"] * Ch  # intermediate state m_t = B x_t * C h_{t-1} (eq. 9)
-    pre = m @ params["A"]
+    pre = m @ q["A"]
     if self.use_D:
       pre = pre + xp["Dx_f"]
     else:
-      pre = pre + base.lift(params["f"], pre.ndim)
+      pre = pre + base.lift(q["f"], pre.ndim)
     if self.use_E:
-      pre = pre + Eh
+      pre = pre + hCE[..., M:]
     h = base.activation(self.activation)(pre)
     return base.HCarry(h), h
+
+  def step(self, params, carry, xp):
+    W, q = self.split(params)  # C h_{t-1} and E h_{t-1} in one matmul
+    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
 
 
 @dataclasses.dataclass(frozen=True)

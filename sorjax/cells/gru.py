@@ -55,13 +55,24 @@ class GRU:
     base.check_input("gru", xs, params["W_x"].shape[0])
     return base.affine(xs, params["W_x"], params["b"])  # x_t W_x + b, all t
 
-  def step(self, params, carry, xp):
+  # Split step (see sorjax.unroll): h_{t-1} W_h, then the rest.
+  def split(self, params):
+    return params["W_h"], {"b_hn": params["b_hn"]}
+
+  def recurrent_input(self, carry):
+    return carry.h
+
+  def post(self, q, carry, xp, hW):
+    """The step after hW = h_{t-1} W_h (named hW here: z is the gate)."""
     h = carry.h
-    hW = h @ params["W_h"]  # the one recurrent matmul: r, z, n together
     xr, xz, xn = jnp.split(xp, 3, axis=-1)
     hr, hz, hn = jnp.split(hW, 3, axis=-1)
     r = jax.nn.sigmoid(xr + hr)
     z = jax.nn.sigmoid(xz + hz)
-    n = jnp.tanh(xn + r * (hn + base.lift(params["b_hn"], hn.ndim)))
+    n = jnp.tanh(xn + r * (hn + base.lift(q["b_hn"], hn.ndim)))
     h = (1 - z) * n + z * h
     return base.HCarry(h), h
+
+  def step(self, params, carry, xp):
+    W, q = self.split(params)  # the one recurrent matmul: r, z, n together
+    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)

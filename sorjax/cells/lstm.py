@@ -51,6 +51,17 @@ class LSTM:
     base.check_input("lstm", xs, params["W_x"].shape[0])
     return base.affine(xs, params["W_x"], params["b"])
 
-  def step(self, params, carry, xp):
-    new = lstm_update(xp + carry.h @ params["W_h"], carry.c, self.forget_bias)
+  # Split step (see sorjax.unroll): z = h_{t-1} W_h, then the rest.
+  def split(self, params):
+    return params["W_h"], {}
+
+  def recurrent_input(self, carry):
+    return carry.h
+
+  def post(self, q, carry, xp, z):
+    new = lstm_update(xp + z, carry.c, self.forget_bias)
     return new, new.h
+
+  def step(self, params, carry, xp):
+    W, q = self.split(params)
+    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)

@@ -72,11 +72,21 @@ class MIRNN:
     return {"scale": lift("alpha") * Ux + lift("beta2"),  # multiplies W h
             "shift": lift("beta1") * Ux + lift("b")}
 
-  def step(self, params, carry, xp):
-    Wh = carry.h @ params["W"]  # W h_{t-1}, the one recurrent matmul
+  # Split step (see sorjax.unroll): z = W h_{t-1}, then the rest.
+  def split(self, params):
+    return params["W"], ({} if self.general else {"b": params["b"]})
+
+  def recurrent_input(self, carry):
+    return carry.h
+
+  def post(self, q, carry, xp, Wh):
     if self.general:
       pre = Wh * xp["scale"] + xp["shift"]  # eq. 8, regrouped
     else:
-      pre = xp["Ux"] * Wh + base.lift(params["b"], Wh.ndim)  # eq. 7
+      pre = xp["Ux"] * Wh + base.lift(q["b"], Wh.ndim)  # eq. 7
     h = base.activation(self.activation)(pre)
     return base.HCarry(h), h
+
+  def step(self, params, carry, xp):
+    W, q = self.split(params)  # W h_{t-1}, the one recurrent matmul
+    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)

@@ -82,10 +82,22 @@ class MLSTM:
     return MLSTMInputs(mx=xs @ params["W_mx"],
                        gx=base.affine(xs, params["W_x"], params["b"]))
 
-  def step(self, params, carry, xp):
-    m = xp.mx * (carry.h @ params["W_mh"])  # m_t = (x_t W_mx) * (h_{t-1} W_mh)
-    i, f, g, o = jnp.split(xp.gx + m @ params["W_m"], 4, axis=-1)
+  # Split step (see sorjax.unroll): z = h_{t-1} W_mh; the second matmul
+  # m_t W_m depends on it, so it stays in `post` (W_m is in q).
+  def split(self, params):
+    return params["W_mh"], {"W_m": params["W_m"]}
+
+  def recurrent_input(self, carry):
+    return carry.h
+
+  def post(self, q, carry, xp, hW_mh):
+    m = xp.mx * hW_mh  # m_t = (x_t W_mx) * (h_{t-1} W_mh)
+    i, f, g, o = jnp.split(xp.gx + m @ q["W_m"], 4, axis=-1)
     act = base.activation(self.candidate_activation)
     c = jax.nn.sigmoid(f) * carry.c + jax.nn.sigmoid(i) * act(g)  # hat-h_t = g
     h = jax.nn.sigmoid(o) * jnp.tanh(c)
     return base.LSTMCarry(h, c), h
+
+  def step(self, params, carry, xp):
+    W, q = self.split(params)
+    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)

@@ -128,17 +128,27 @@ class MMLSTM:
     return MMLSTMInputs(gx=z[..., :4 * H] + base.lift(b, z.ndim),
                         vx=z[..., 4 * H:])
 
-  def step(self, params, carry, xp):
+  # Split step (see sorjax.unroll): z = h_{t-1} [every W_g[k] | every
+  # W_g_proj's h rows], then the rest; q holds the W_g_proj's v rows.
+  def split(self, params):
     H, Ks = self.hidden_size, self.num_matrices
-    z = carry.h @ fused_recurrent(  # the one recurrent matmul
+    W = fused_recurrent(
         [params[f"W_{g}"] for g in GATES],
         [params[f"W_{g}_proj"][K:K + H] for g, K in zip(GATES, Ks)])
+    return W, {f"P_{g}_v": params[f"W_{g}_proj"][:K]
+               for g, K in zip(GATES, Ks)}
+
+  def recurrent_input(self, carry):
+    return carry.h
+
+  def post(self, q, carry, xp, z):
+    H, Ks = self.hidden_size, self.num_matrices
     hW, hv = z[..., :sum(Ks) * H], z[..., sum(Ks) * H:]
     v_prev = (carry.v_c, carry.v_i, carry.v_f, carry.v_o)
     v, pre = [], []
     oW = ov = 0  # offsets of gate g in hW and in hv, xp.vx
     for g, K, vg in zip(GATES, Ks, v_prev):
-      logits = (vg @ params[f"W_{g}_proj"][:K] + hv[..., ov:ov + K]
+      logits = (vg @ q[f"P_{g}_v"] + hv[..., ov:ov + K]
                 + xp.vx[..., ov:ov + K])
       v.append(jax.nn.softmax(logits, axis=-1))             # eq. 9, 11, 13, 15
       pre.append(mix(v[-1], hW[..., oW:oW + K * H]))        # eq. 10, 12, 14, 16
@@ -150,3 +160,7 @@ class MMLSTM:
     c = f * carry.c + i * c_hat                             # eq. 21
     h = o * jnp.tanh(c)                                     # eq. 22
     return MMLSTMCarry(h, c, *v), h
+
+  def step(self, params, carry, xp):
+    W, q = self.split(params)  # the one recurrent matmul, all gates
+    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)

@@ -42,8 +42,8 @@ class MMRNNInputs(NamedTuple):
 def fused_recurrent(Ws, Ps) -> jax.Array:
   """[W_1[1] | .. | W_1[K_1] | W_2[1] | .. | P_1 | P_2 | ..]: every choice
   matrix W_n [K_n, H, H] side by side, then every key projection's h rows
-  P_n [H, K_n]. Loop-invariant: XLA hoists it out of the forward scan (the
-  backward scan still splits its cotangent into the W_n once per step)."""
+  P_n [H, K_n]. `sorjax.unroll` builds it once, outside the scan (`split`),
+  so its cotangent is split back into the W_n once, not once per step."""
   H = Ws[0].shape[1]
   blocks = [jnp.transpose(W, (1, 0, 2)).reshape(H, -1) for W in Ws]
   return jnp.concatenate(blocks + list(Ps), axis=1)
@@ -94,10 +94,22 @@ class MMRNN:
     return MMRNNInputs(hx=base.affine(xs, params["W_hx"], params["b"]),
                        vx=xs @ params["W_proj"][K + H:])
 
-  def step(self, params, carry, xp):
+  # Split step (see sorjax.unroll): z = h_{t-1} [W[1] | .. | W[K] | W_proj's
+  # h rows], then the rest; q holds W_proj's v rows.
+  def split(self, params):
     H, K = self.hidden_size, self.num_matrices
     P = params["W_proj"]
-    z = carry.h @ fused_recurrent([params["W"]], [P[K:K + H]])  # [.., K*H+K]
-    v = jax.nn.softmax(carry.v @ P[:K] + z[..., K * H:] + xp.vx)  # eq. 6
-    h = jnp.tanh(mix(v, z[..., :K * H]) + xp.hx)                  # eq. 7-8
+    return fused_recurrent([params["W"]], [P[K:K + H]]), {"P_v": P[:K]}
+
+  def recurrent_input(self, carry):
+    return carry.h
+
+  def post(self, q, carry, xp, z):
+    KH = self.num_matrices * self.hidden_size
+    v = jax.nn.softmax(carry.v @ q["P_v"] + z[..., KH:] + xp.vx)  # eq. 6
+    h = jnp.tanh(mix(v, z[..., :KH]) + xp.hx)                     # eq. 7-8
     return MMRNNCarry(h, v), h
+
+  def step(self, params, carry, xp):
+    W, q = self.split(params)  # [H, K*H + K]: eq. 6 and 8 in one matmul
+    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)

@@ -211,6 +211,17 @@ class MTSLSTM:
     base.check_input("mts_lstm", xs, params["W_x"].shape[0])
     return base.affine(xs, params["W_x"], self.bias(params))
 
-  def step(self, params, carry, xp):
-    new = lstm_update(xp + carry.h @ params["W_h"], carry.c)
+  # Split step (see sorjax.unroll): z = h_{t-1} W_h, then the rest.
+  def split(self, params):
+    return params["W_h"], {}
+
+  def recurrent_input(self, carry):
+    return carry.h
+
+  def post(self, q, carry, xp, z):
+    new = lstm_update(xp + z, carry.c)
     return new, new.h
+
+  def step(self, params, carry, xp):
+    W, q = self.split(params)
+    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)

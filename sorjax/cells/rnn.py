@@ -42,6 +42,17 @@ class RNN:
     base.check_input("rnn", xs, params["U"].shape[0])
     return base.affine(xs, params["U"], params["b"])  # x_t U + b, all t
 
-  def step(self, params, carry, xp):
-    h = base.activation(self.activation)(xp + carry.h @ params["W"])
+  # Split step (see sorjax.unroll): z = h_{t-1} W, then the rest.
+  def split(self, params):
+    return params["W"], {}
+
+  def recurrent_input(self, carry):
+    return carry.h
+
+  def post(self, q, carry, xp, z):
+    h = base.activation(self.activation)(xp + z)  # phi(x_t U + b + h_{t-1} W)
     return base.HCarry(h), h
+
+  def step(self, params, carry, xp):
+    W, q = self.split(params)
+    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)

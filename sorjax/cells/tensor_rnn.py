@@ -8,12 +8,12 @@ phi is tanh or the identity. h_0 = 0 (eq. 1).
 
 The per-token transition W_hh(x)[i, j] = sum_d x[d] A[d, i, j] is the model
 itself, so this cell is exempt from the no-[B, H, H] rule; it still never
-forms W_hh(x). The step contracts h first, one [H, H] block of A per input
-component d (a batched matmul over d: D*B*H*H multiply-adds, reading A in
-its stored layout, so no per-step transpose of A), then sums the D results
-weighted by x_t (D*B*H). Forming x . A first costs the same D*B*H*H plus
-B*H*H for the matvec, and holds a [B, H, H] array per step ([T, B, H, H] if
-hoisted).
+forms W_hh(x). The step contracts h first, with every [H, H] block of A at
+once: one matmul of h_{t-1} with A laid out as [H, D*H] (`split`;
+`sorjax.unroll` transposes A once, outside the loop), D*B*H*H multiply-adds,
+then sums the D blocks weighted by x_t (D*B*H). Forming x . A first costs
+the same D*B*H*H plus B*H*H for the matvec, and holds a [B, H, H] array per
+step ([T, B, H, H] if hoisted).
 """
 
 from __future__ import annotations
@@ -54,11 +54,21 @@ class TensorRNN:
     base.check_input("tensor_rnn", xs, params["A"].shape[0])
     return xs  # x_t enters only through the product with h_{t-1}
 
-  def step(self, params, carry, x):
-    A, b, h = params["A"], params["b"], carry.h
-    hb = jnp.broadcast_to(h, (A.shape[0], *h.shape))  # one copy of h per d
-    hA = jnp.einsum("d...i,dij->d...j", hb, A)  # h^T A[d]: [D, .., H]
-    xd = jnp.moveaxis(x, -1, 0)[..., None]  # x_t[d] as [D, .., 1]
-    pre = jnp.sum(hA * xd, axis=0)  # ... weighted by x_t[d] (eq. 5)
-    h = base.activation(self.activation)(pre + base.lift(b, pre.ndim))
+  # Split step (see sorjax.unroll): z = h_{t-1} A as [H, D*H], then the rest.
+  def split(self, params):
+    A = params["A"]
+    D, H, _ = A.shape
+    return jnp.transpose(A, (1, 0, 2)).reshape(H, D * H), {"b": params["b"]}
+
+  def recurrent_input(self, carry):
+    return carry.h
+
+  def post(self, q, carry, x, hA):
+    hA = hA.reshape(*hA.shape[:-1], x.shape[-1], -1)  # h^T A[d]: [.., D, H]
+    pre = jnp.einsum("...d,...dj->...j", x, hA)  # weighted by x_t[d] (eq. 5)
+    h = base.activation(self.activation)(pre + base.lift(q["b"], pre.ndim))
     return base.HCarry(h), h
+
+  def step(self, params, carry, x):
+    W, q = self.split(params)
+    return self.post(q, carry, x, self.recurrent_input(carry) @ W)
