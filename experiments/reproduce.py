@@ -587,8 +587,8 @@ def item_wikitext2(ctx: Context) -> dict:
 def _wikitext2_runs(ctx: Context) -> dict[str, str]:
   ov = _dyck_scale(
       ctx, {"model.hidden_size": 64, "model.embed_size": 32,
-            "data.max_train_tokens": 200_000, "data.max_eval_tokens": 30_000,
-            "optim.learning_rate": 3e-3, "train.num_epochs": 3},
+            "data.max_train_tokens": 100_000, "data.max_eval_tokens": 30_000,
+            "optim.learning_rate": 3e-3, "train.num_epochs": 2},
       {"model.hidden_size": 8, "model.embed_size": 8,
        "data.max_train_tokens": 3_000, "data.max_eval_tokens": 1_000,
        "data.batch_size": 8, "data.bptt": 20, "data.eval_bptt": 20,
