@@ -1,19 +1,25 @@
-"""Binary trees: bracketed parsing, level schedules, level-wise recursion.
+"""Binary trees: bracketed parsing, composition schedules, batched recursion.
 
     trees = read_trees("sst/train.txt")      # or parse(line, source=...)
     schedule = encode(trees, vocab)          # NumPy arrays, fixed shapes
     states, roots = run(cell, params, embeddings[schedule.tokens], schedule)
 
 `run` applies a tree cell (`sorjax.cells.tree`) bottom-up, Le & Zuidema's
-p = F(x, y) (sec. 2) at every internal node. It is height-scheduled: all
-nodes of height t (a leaf has height 0, a parent 1 + the larger of its
-children's) depend only on lower nodes, so one `lax.scan` step composes all
-of them across the batch at once. The number of sequential steps is the
-batch's largest tree height, not its node count.
+p = F(x, y) (sec. 2) at every internal node: one `lax.scan` step gathers the
+children of W nodes across the batch, composes them at once and scatters
+the parents. `encode` decides which nodes share a step. The default
+"chunked" schedule is Hu's list schedule of width W (a node enters a step
+once its children are done, deepest first): about max(height, nodes / W)
+steps, padding only at the end. The "level" schedule composes all nodes of
+height t (a leaf has height 0, a parent 1 + the larger of its children's)
+in step t; it takes exactly the largest height in steps but pads every
+level to the widest one, which costs more than it saves on a CPU
+(benchmarks/RESULTS.md, Trees).
 
 Node numbering inside a tree with L leaves: the leaves are 0 .. L-1 left to
 right (so `tokens[b, :L]` is the sentence), then the internal nodes sorted by
-(height, leftmost leaf); the root is the last node, 2L - 2.
+(height, leftmost leaf); the root is the last node, 2L - 2. It does not
+depend on the schedule.
 """
 
 from __future__ import annotations
@@ -254,13 +260,21 @@ def read_trees(path: str, **kwargs: Any) -> list[Tree]:
 
 # ---------------------------------------------------------------- schedules
 
+SCHEDULES = ("chunked", "level")
+
+
+class ScheduleError(ValueError):
+  """A batch that does not fit the sizes given to `encode`."""
+
+
 class Schedule(NamedTuple):
   """A batch of B trees as fixed-shape NumPy arrays (a pytree for jit).
 
-  L = max leaves, N = 2L - 1 node slots per tree, T = max height, W = max
-  internal nodes of one height in the whole batch. Node indices follow the
-  module's numbering; `node`, `left`, `right` are flat indices b * N + n
-  into the batch's [B * N] node slots.
+  L = max leaves, N = 2L - 1 node slots per tree; the internal nodes are
+  composed in T sequential steps of W slots (`encode` says which nodes go
+  into which step). Node indices follow the module's numbering; `node`,
+  `left`, `right` are flat indices b * N + n into the batch's [B * N] node
+  slots.
   """
   tokens: np.ndarray      # int32 [B, L] leaf ids, left to right; then pad_id
   leaf_mask: np.ndarray   # bool [B, L]
@@ -269,21 +283,36 @@ class Schedule(NamedTuple):
   depth: np.ndarray       # int32 [B, N] edges to the root; -1: padding
   root: np.ndarray        # int32 [B] root node index, 2 L_b - 2
   height: np.ndarray      # int32 [B] tree heights
-  node: np.ndarray        # int32 [T, W] flat index of the nodes of height
-                          #   t + 1; padding B * N + j (past the end)
+  node: np.ndarray        # int32 [T, W] flat index of the nodes composed at
+                          #   step t, ascending; padding B * N + j (past
+                          #   the end)
   left: np.ndarray        # int32 [T, W] flat index of each one's left child
   right: np.ndarray       # int32 [T, W] ... and right child; padding 0
-  level_mask: np.ndarray  # bool [T, W]
+  step_mask: np.ndarray   # bool [T, W] real slots (not padding)
 
 
-def _lookup(kind: str, table, key, b: int, default=None) -> int:
+class TreeArrays(NamedTuple):
+  """One tree in the module's numbering, ids looked up (`tree_arrays`).
+
+  `encode` takes these in place of trees: a fixed data set is numbered and
+  looked up once, and batching it is array work only.
+  """
+  tokens: np.ndarray   # int32 [L] leaf ids, left to right
+  labels: np.ndarray   # int32 [2L - 1] label ids; -1: none
+  depth: np.ndarray    # int32 [2L - 1] edges to the root
+  height: np.ndarray   # int32 [2L - 1] (a leaf: 0)
+  left: np.ndarray     # int32 [L - 1] left child of internal node L + k
+  right: np.ndarray    # int32 [L - 1] ... and its right child
+
+
+def _lookup(kind: str, table, key, where: str, default=None) -> int:
   """vocab / label lookup with errors that name the tree and the key."""
   if table is None:
     try:
       return int(key)
     except (TypeError, ValueError):
       raise ValueError(
-          f"encode: tree {b}: {kind} {key!r} is not an integer; pass a "
+          f"{where}: {kind} {key!r} is not an integer; pass a "
           f"{'vocab' if kind == 'word' else 'labels'} mapping") from None
   if callable(table) and not isinstance(table, Mapping):
     return int(table(key))
@@ -291,27 +320,18 @@ def _lookup(kind: str, table, key, b: int, default=None) -> int:
     return int(table[key])
   if default is not None:
     return int(default)
-  raise ValueError(f"encode: tree {b}: {kind} {key!r} is not in the "
+  raise ValueError(f"{where}: {kind} {key!r} is not in the "
                    f"{'vocab' if kind == 'word' else 'labels'} mapping"
                    + (" (pass unk=...)" if kind == "word" else ""))
 
 
-class _Numbered(NamedTuple):
-  """One tree in the module's numbering."""
-  leaves: list[Tree]      # left to right: nodes 0 .. L-1
-  internal: list[Tree]    # by (height, leftmost leaf): nodes L .. 2L-2
-  index: dict[int, int]   # id(node) -> node number
-  height: dict[int, int]  # id(node) -> height
-  depth: dict[int, int]   # id(node) -> edges to the root
-
-
-def _number(tree: Tree | Any, b: int) -> _Numbered:
+def _arrays(tree: Tree | Any, where: str, vocab, labels, unk) -> TreeArrays:
   if not isinstance(tree, Tree):
     tree = Tree.from_nested(tree)
   order = list(_preorder(tree))
   for n in order:
     if not n.is_leaf and len(n.children) != 2:
-      raise ValueError(f"encode: tree {b} has a node with {len(n.children)} "
+      raise ValueError(f"{where} has a node with {len(n.children)} "
                        "children; only binary trees can be encoded (see "
                        "parse(..., binarize=...))")
   height = _heights(tree)
@@ -326,97 +346,190 @@ def _number(tree: Tree | Any, b: int) -> _Numbered:
   for n in order:
     for c in n.children:
       depth[id(c)] = depth[id(n)] + 1
-  index = {id(n): i for i, n in enumerate(leaves + internal)}
-  return _Numbered(leaves, internal, index, height, depth)
+  nodes = leaves + internal
+  index = {id(n): i for i, n in enumerate(nodes)}
+  label_ids = np.full(len(nodes), -1, np.int32)
+  for i, n in enumerate(nodes):
+    if n.label is not None:
+      label_ids[i] = _lookup("label", labels, n.label, where)
+      if label_ids[i] < 0:  # -1 marks "no label"
+        raise ValueError(f"{where}: label {n.label!r} maps to "
+                         f"{label_ids[i]}; label ids must be >= 0")
+  ints = lambda xs: np.asarray(xs, np.int32).reshape(-1)
+  return TreeArrays(
+      tokens=ints([_lookup("word", vocab, n.word, where, unk)
+                   for n in leaves]),
+      labels=label_ids,
+      depth=ints([depth[id(n)] for n in nodes]),
+      height=ints([height[id(n)] for n in nodes]),
+      left=ints([index[id(n.children[0])] for n in internal]),
+      right=ints([index[id(n.children[1])] for n in internal]))
 
 
-def _padded(name: str, need: list[int], given: int | None) -> int:
+def tree_arrays(tree: Tree | Any,
+                vocab: Mapping[str, int] | Callable[[Word], int] | None = None,
+                *, labels: Mapping[str, int] | None = None,
+                unk: int | None = None) -> TreeArrays:
+  """One tree's `TreeArrays` (arguments as in `encode`)."""
+  return _arrays(tree, "tree_arrays: tree", vocab, labels, unk)
+
+
+def _padded(name: str, need: np.ndarray, given: int | None) -> int:
   """max(need), or `given` when that is enough; else an error naming the
   first tree that does not fit."""
   if given is None:
-    return max(need)
-  if max(need) > given:
+    return int(need.max())
+  if need.max() > given:
     b = int(np.argmax(need))
-    raise ValueError(f"encode: tree {b} needs {name}={need[b]} > the given "
+    raise ScheduleError(f"encode: tree {b} needs {name}={need[b]} > the given "
                      f"{name}={given}")
   return given
 
 
-def encode(trees: Sequence[Tree | Any],
+def _check_size(name: str, value) -> None:
+  if value is not None and (isinstance(value, bool) or not isinstance(
+      value, (int, np.integer)) or value < 1):
+    raise ValueError(f"encode: {name} must be a positive int or None, got "
+                     f"{value!r}")
+
+
+def hu_steps(parent: np.ndarray, depth: np.ndarray, width: int
+             ) -> np.ndarray:
+  """Hu's list schedule of a forest of unit tasks on `width` slots.
+
+  Task k may run once its children (the tasks j with parent[j] == k) are
+  done; each step runs up to `width` ready tasks, deepest first (Hu 1961:
+  highest level first; in a forest a task's level is its depth), then
+  lowest index. For in-forests this is optimal: no schedule of this width
+  takes fewer steps. Returns each task's step.
+  """
+  M = len(parent)
+  pending = np.bincount(parent[parent >= 0], minlength=M)
+  step = np.zeros(M, np.int64)
+  ready, t = np.flatnonzero(pending == 0), 0
+  while ready.size:
+    rest = ready[:0]
+    if ready.size > width:
+      order = np.lexsort((ready, -depth[ready]))
+      ready, rest = ready[order[:width]], ready[order[width:]]
+    step[ready] = t
+    up = parent[ready]
+    up = up[up >= 0]
+    np.subtract.at(pending, up, 1)
+    ready = np.concatenate([rest, np.unique(up[pending[up] == 0])])
+    t += 1
+  return step
+
+
+def encode(trees: Sequence[Tree | TreeArrays | Any],
            vocab: Mapping[str, int] | Callable[[Word], int] | None = None, *,
            labels: Mapping[str, int] | None = None, unk: int | None = None,
-           pad_id: int = 0, max_leaves: int | None = None,
-           max_height: int | None = None,
-           max_width: int | None = None) -> Schedule:
-  """The level schedule of a batch of binary trees.
+           pad_id: int = 0, schedule: str = "chunked",
+           width: int | None = None, max_leaves: int | None = None,
+           max_steps: int | None = None) -> Schedule:
+  """The composition schedule of a batch of binary trees.
+
+  schedule="chunked" (the default): Hu's list schedule (`hu_steps`) with W =
+  `width` slots per step: a node enters a step once both children are done,
+  deepest nodes first. It takes the fewest steps any schedule of width W
+  can (at least the batch's largest height, about internal nodes / W when
+  W is small) and pads only the last steps.
+  schedule="level": step t composes every node of height t + 1; T is the
+  largest height, W the widest level, and the other levels are padded to it.
 
   Args:
-    trees: `Tree`s (or nested pairs of words, see `Tree.from_nested`).
+    trees: `Tree`s, nested pairs of words (see `Tree.from_nested`), or
+      `TreeArrays` (already looked up: vocab, labels and unk do not apply).
     vocab: word -> id mapping or function; None: words must be integers.
     labels: label -> id mapping; None: labels must be integers ("0".."4").
     unk: id of words missing from a vocab mapping (else they are an error).
     pad_id: token id of padded leaf slots.
-    max_leaves, max_height, max_width: pad L, T, W up to these sizes (fixed
-      shapes across batches, so `run` compiles once); a larger batch is an
-      error naming the tree.
+    schedule: "chunked" or "level".
+    width: chunked: W, compositions per step (None: internal nodes / the
+      largest height, rounded up, for about height steps); level: pad W up
+      to this (None: the widest level; a wider level is an error).
+    max_leaves, max_steps: pad L and T up to these sizes (fixed shapes
+      across batches, so `run` compiles once); a batch that needs more is an
+      error naming the tree (or, chunked, the steps it needs at this width).
   """
+  if schedule not in SCHEDULES:
+    raise ValueError(f"encode: schedule must be one of {SCHEDULES}, got "
+                     f"{schedule!r}")
+  for name, value in (("width", width), ("max_leaves", max_leaves),
+                      ("max_steps", max_steps)):
+    _check_size(name, value)
   if not len(trees):
     raise ValueError("encode: no trees")
-  numbered = [_number(t, b) for b, t in enumerate(trees)]
-  B = len(numbered)
-  n_leaves = [len(t.leaves) for t in numbered]
-  # The last internal node is the root, the only one of maximal height.
-  heights = [t.height[id(t.internal[-1])] if t.internal else 0
-             for t in numbered]
+  arrs = [t if isinstance(t, TreeArrays) else
+          _arrays(t, f"encode: tree {b}", vocab, labels, unk)
+          for b, t in enumerate(trees)]
+  B = len(arrs)
+  n_leaves = np.asarray([len(a.tokens) for a in arrs])
+  heights = np.asarray([a.height[-1] for a in arrs], np.int32)  # the roots'
   L = _padded("max_leaves", n_leaves, max_leaves)
   N = 2 * L - 1
-  T = _padded("max_height", heights, max_height)
-  widths = np.zeros(max(T, 1), np.int64)  # nodes of each height in the batch
-  for t in numbered:
-    for n in t.internal:
-      widths[t.height[id(n)] - 1] += 1
-  if max_width is not None and widths.max() > max_width:
-    raise ValueError(f"encode: the batch has {int(widths.max())} nodes of "
-                     f"height {int(widths.argmax()) + 1} > the given "
-                     f"max_width={max_width}")
-  W = max(1, int(widths.max()) if max_width is None else max_width)
+  cat = lambda xs: np.concatenate(xs) if xs else np.zeros(0, np.int32)
 
   tokens = np.full((B, L), pad_id, np.int32)
-  leaf_mask = np.zeros((B, L), bool)
-  node_mask = np.zeros((B, N), bool)
+  leaf_mask = np.arange(L) < n_leaves[:, None]
+  tokens[leaf_mask] = cat([a.tokens for a in arrs])
+  node_mask = np.arange(N) < 2 * n_leaves[:, None] - 1
   label_ids = np.full((B, N), -1, np.int32)
+  label_ids[node_mask] = cat([a.labels for a in arrs])
   depth = np.full((B, N), -1, np.int32)
-  node, left, right = (np.zeros((T, W), np.int32) for _ in range(3))
-  level_mask = np.zeros((T, W), bool)
-  fill = np.zeros(T, np.int64)  # next free slot of each level
-  for b, t in enumerate(numbered):
-    for i, leaf in enumerate(t.leaves):
-      tokens[b, i] = _lookup("word", vocab, leaf.word, b, unk)
-    leaf_mask[b, :len(t.leaves)] = True
-    for n in t.leaves + t.internal:
-      i = t.index[id(n)]
-      node_mask[b, i] = True
-      depth[b, i] = t.depth[id(n)]
-      if n.label is not None:
-        label_ids[b, i] = _lookup("label", labels, n.label, b)
-        if label_ids[b, i] < 0:  # -1 marks "no label"
-          raise ValueError(f"encode: tree {b}: label {n.label!r} maps to "
-                           f"{label_ids[b, i]}; label ids must be >= 0")
-    for n in t.internal:  # by height, then position: flat indices ascend
-      h = t.height[id(n)] - 1
-      j = fill[h]
-      fill[h] += 1
-      node[h, j] = b * N + t.index[id(n)]
-      left[h, j] = b * N + t.index[id(n.children[0])]
-      right[h, j] = b * N + t.index[id(n.children[1])]
-      level_mask[h, j] = True
-  # Padding slots write past the end (dropped by the scatter), each to its
-  # own index so the scatter's indices stay unique and sorted.
-  pad = B * N + np.arange(W, dtype=np.int32)
-  node = np.where(level_mask, node, pad[None, :]).astype(np.int32)
-  root = np.asarray([2 * n - 2 for n in n_leaves], np.int32)
+  depth[node_mask] = cat([a.depth for a in arrs])
+
+  # The M internal nodes of the batch: tree b's node L_b + k is number
+  # first[b] + k; flat slot indices b * N + n.
+  n_int = n_leaves - 1
+  first = np.cumsum(n_int) - n_int
+  tree_of = np.repeat(np.arange(B), n_int)
+  k = np.arange(n_int.sum()) - first[tree_of]
+  offset = tree_of * N
+  left, right = cat([a.left for a in arrs]), cat([a.right for a in arrs])
+  flat = (offset + n_leaves[tree_of] + k, offset + left, offset + right)
+  if schedule == "level":
+    step = cat([a.height[len(a.tokens):] for a in arrs]).astype(np.int64) - 1
+  else:
+    parent = np.full(k.size, -1, np.int64)
+    for child in (left, right):   # an internal child's number gets its parent
+      inner = child >= n_leaves[tree_of]
+      parent[(first[tree_of] + child - n_leaves[tree_of])[inner]] = (
+          first[tree_of] + k)[inner]
+    chunk = width or max(1, -(-k.size // max(int(heights.max()), 1)))
+    step = hu_steps(parent, cat([a.depth[len(a.tokens):] for a in arrs]),
+                    chunk)
+  T = int(step.max()) + 1 if step.size else 0
+  counts = np.bincount(step, minlength=T)
+  W = int(counts.max()) if T else 1
+  if max_steps is not None and T > max_steps:
+    b = int(np.argmax(heights))
+    if schedule == "level" or heights[b] > max_steps:
+      raise ScheduleError(f"encode: tree {b} needs max_steps={heights[b]} (its "
+                       f"height) > the given max_steps={max_steps}")
+    raise ScheduleError(f"encode: the batch needs {T} steps at width={chunk} "
+                     f"> the given max_steps={max_steps}; raise width or "
+                     f"max_steps")
+  if width is not None and W > width:   # level only: chunks never overflow
+    raise ScheduleError(f"encode: the batch has {W} nodes of height "
+                     f"{int(np.argmax(counts)) + 1} > the given width={width}")
+  W, T = width or W, max_steps or T
+
+  # Step t's nodes fill its first slots by ascending flat index; padding
+  # slots write past the end (dropped by the scatter), each to its own index
+  # so the scatter's indices stay unique and sorted.
+  order = np.lexsort((flat[0], step))
+  t = step[order]
+  slot = np.arange(order.size) - (np.cumsum(counts) - counts)[t]
+  node = np.broadcast_to(B * N + np.arange(W, dtype=np.int32), (T, W)).copy()
+  left_, right_ = np.zeros((T, W), np.int32), np.zeros((T, W), np.int32)
+  step_mask = np.zeros((T, W), bool)
+  for out, idx in zip((node, left_, right_), flat):
+    out[t, slot] = idx[order]
+  step_mask[t, slot] = True
+  root = (2 * n_leaves - 2).astype(np.int32)
   return Schedule(tokens, leaf_mask, node_mask, label_ids, depth, root,
-                  np.asarray(heights, np.int32), node, left, right, level_mask)
+                  heights, node, left_, right_, step_mask)
 
 
 # ---------------------------------------------------------------- recursion
@@ -431,7 +544,7 @@ def run(cell, params, leaf_inputs: jax.Array, schedule: Schedule, *,
     leaf_inputs: [B, L, D] word vectors of the leaves, left to right
       (e.g. `embeddings[schedule.tokens]`); padded slots are ignored.
     schedule: `encode(...)` of the batch (NumPy or traced arrays).
-    remat: rematerialise each level in the backward pass.
+    remat: rematerialise each step in the backward pass.
 
   Returns:
     states: the cell's node state (h, and c for tree_lstm), each [B, N, H],
@@ -452,7 +565,7 @@ def run(cell, params, leaf_inputs: jax.Array, schedule: Schedule, *,
 
   states = jax.tree_util.tree_map(slots, cell.leaf(params, leaf_inputs))
 
-  def level(states, idx):  # every node of one height: gather, compose, scatter
+  def compose(states, idx):  # one step's nodes: gather, compose, scatter
     node, left, right = idx
 
     def gather(i):
@@ -460,16 +573,17 @@ def run(cell, params, leaf_inputs: jax.Array, schedule: Schedule, *,
           lambda a: a.at[i].get(mode="promise_in_bounds"), states)
 
     parents = cell.compose(params, gather(left), gather(right))
-    states = jax.tree_util.tree_map(
+    return jax.tree_util.tree_map(
         lambda a, p: a.at[node].set(p, mode="drop", indices_are_sorted=True,
                                     unique_indices=True), states, parents)
-    return states, None
 
   if remat:
-    level = jax.checkpoint(level, prevent_cse=False)
-  levels = (schedule.node, schedule.left, schedule.right)
-  states, _ = jax.lax.scan(level, states, jax.tree_util.tree_map(
-      jnp.asarray, levels))
+    compose = jax.checkpoint(compose, prevent_cse=False)
+  # Padded steps are computed, not skipped: a lax.cond around `compose`
+  # made the keyword task's update slower on CPU, not faster.
+  steps = (schedule.node, schedule.left, schedule.right)
+  states, _ = jax.lax.scan(lambda s, idx: (compose(s, idx), None), states,
+                           jax.tree_util.tree_map(jnp.asarray, steps))
   states = jax.tree_util.tree_map(lambda a: a.reshape(B, N, -1), states)
   root = jnp.asarray(schedule.root)[:, None, None]
   roots = jax.tree_util.tree_map(
@@ -477,5 +591,6 @@ def run(cell, params, leaf_inputs: jax.Array, schedule: Schedule, *,
   return states, roots
 
 
-__all__ = ["Schedule", "Tree", "TreeParseError", "encode", "parse",
-           "read_trees", "run"]
+__all__ = ["SCHEDULES", "Schedule", "ScheduleError", "Tree", "TreeArrays",
+           "TreeParseError", "encode", "hu_steps", "parse", "read_trees",
+           "run", "tree_arrays"]

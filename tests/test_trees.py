@@ -1,5 +1,6 @@
 """sorjax.trees: bracketed parsing, level schedules, height-scheduled `run`."""
 
+import functools
 import gzip
 import os
 
@@ -240,7 +241,7 @@ def test_encode_hand_computed():
   batch = [trees.parse(SST),
            trees.parse("((a b) (c (d e)))", labeled=False),
            Tree("1", word="a")]
-  s = trees.encode(batch, vocab, pad_id=9)
+  s = trees.encode(batch, vocab, pad_id=9, schedule="level")
   # L = 5 leaves, N = 9 slots; T = 3 levels; widths 3, 2, 1 -> W = 3.
   np.testing.assert_array_equal(
       s.tokens, [[0, 1, 2, 9, 9], [3, 4, 5, 6, 7], [3, 9, 9, 9, 9]])
@@ -261,26 +262,141 @@ def test_encode_hand_computed():
                                          [14, 0, 0]])
   np.testing.assert_array_equal(s.right, [[2, 10, 13], [3, 15, 0],
                                           [16, 0, 0]])
-  np.testing.assert_array_equal(s.level_mask, [[1, 1, 1], [1, 1, 0],
+  np.testing.assert_array_equal(s.step_mask, [[1, 1, 1], [1, 1, 0],
                                                [1, 0, 0]])
   assert s.tokens.dtype == s.node.dtype == np.int32
 
 
+def test_encode_chunked_hand_computed():
+  """Hu's schedule: deepest ready node first, then the lowest flat index."""
+  vocab = {w: i for i, w in enumerate("It 's good a b c d e".split())}
+  batch = [trees.parse(SST),
+           trees.parse("((a b) (c (d e)))", labeled=False),
+           Tree("1", word="a")]
+  # Internal nodes (flat index: depth): tree 0 ('s good) 3: 1, root 4: 0;
+  # tree 1 (a b) 14: 1, (d e) 15: 2, (c (d e)) 16: 1, root 17: 0.
+  # Default width: 6 internal nodes / height 3 = 2.
+  s = trees.encode(batch, vocab, pad_id=9)
+  np.testing.assert_array_equal(s.node, [[3, 15], [14, 16], [4, 17]])
+  np.testing.assert_array_equal(s.left, [[1, 12], [9, 11], [0, 14]])
+  np.testing.assert_array_equal(s.right, [[2, 13], [10, 15], [3, 16]])
+  assert s.step_mask.all()
+  s1 = trees.encode(batch, vocab, width=1)
+  np.testing.assert_array_equal(s1.node[:, 0], [15, 3, 14, 16, 4, 17])
+  # Everything but the schedule is the level schedule's.
+  level = trees.encode(batch, vocab, pad_id=9, schedule="level")
+  for f in ("tokens", "leaf_mask", "node_mask", "labels", "depth", "root",
+            "height"):
+    np.testing.assert_array_equal(getattr(s, f), getattr(level, f))
+
+
+def test_chunked_is_the_level_schedule_when_wide_enough():
+  """Width >= the widest level: every ready node runs at once (ASAP), which
+  is the level schedule."""
+  rng = np.random.default_rng(7)
+  batch = [random_tree(rng, list(range(n)), labeled=False)
+           for n in rng.integers(1, 12, size=6)]
+  level = trees.encode(batch, schedule="level")
+  chunked = trees.encode(batch, width=level.node.shape[1])
+  for a, b in zip(level, chunked):
+    np.testing.assert_array_equal(a, b)
+
+
+def _optimal_steps(parent, width):
+  """Fewest steps of any schedule of `width` slots: breadth-first search
+  over the sets of done tasks, trying every subset of the ready ones."""
+  import itertools
+  M = len(parent)
+  kids = [[j for j in range(M) if parent[j] == k] for k in range(M)]
+  frontier, seen, steps = {frozenset()}, set(), 0
+  while True:
+    if frozenset(range(M)) in frontier:
+      return steps
+    nxt = set()
+    for done in frontier:
+      ready = [k for k in range(M) if k not in done
+               and all(c in done for c in kids[k])]
+      for r in range(1, min(width, len(ready)) + 1):
+        for pick in itertools.combinations(ready, r):
+          d = done | frozenset(pick)
+          if d not in seen:
+            seen.add(d)
+            nxt.add(d)
+    frontier, steps = nxt, steps + 1
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_hu_steps_are_valid_and_optimal(seed):
+  rng = np.random.default_rng(seed)
+  batch = [random_tree(rng, list(range(n)), labeled=False)
+           for n in rng.integers(2, 6, size=3)]     # <= 12 internal nodes
+  arrays = [trees.tree_arrays(t) for t in batch]
+  # The forest of internal nodes: parents and depths, numbered per tree.
+  parent, depth, base = [], [], 0
+  for a in arrays:
+    L = len(a.tokens)
+    up = {int(c): L + k for k, pair in enumerate(zip(a.left, a.right))
+          for c in pair}
+    parent += [base + up[L + k] - L if L + k in up else -1
+               for k in range(L - 1)]
+    depth += list(a.depth[L:])
+    base += L - 1
+  parent, depth = np.asarray(parent), np.asarray(depth)
+  for width in (1, 2, 3):
+    step = trees.hu_steps(parent, depth, width)
+    child = parent >= 0
+    assert np.all(step[child] < step[parent[child]])       # children first
+    assert np.bincount(step).max() <= width
+    assert step.max() + 1 == _optimal_steps(list(parent), width)
+
+
+def test_tree_arrays_are_what_encode_batches():
+  rng = np.random.default_rng(2)
+  batch = [random_tree(rng, list(range(n))) for n in (4, 1, 6)]
+  arrays = [trees.tree_arrays(t) for t in batch]
+  a = arrays[2]
+  assert len(a.tokens) == 6 and len(a.labels) == len(a.depth) == 11
+  assert a.height[-1] == batch[2].height and a.depth[-1] == 0
+  for schedule in trees.SCHEDULES:
+    for x, y in zip(trees.encode(batch, schedule=schedule, width=3),
+                    trees.encode(arrays, schedule=schedule, width=3)):
+      np.testing.assert_array_equal(x, y)
+  with pytest.raises(ValueError, match="tree_arrays: tree: word 'x' is not "
+                     "an integer"):
+    trees.tree_arrays(Tree(word="x"))
+
+
 def test_encode_pads_to_fixed_sizes_and_reports_overflow():
   batch = [Tree.from_nested(((1, 2), 3)), Tree.from_nested((4, 5))]
-  s = trees.encode(batch, max_leaves=6, max_height=4, max_width=5)
-  assert s.tokens.shape == (2, 6) and s.node_mask.shape == (2, 11)
-  assert s.node.shape == s.left.shape == s.level_mask.shape == (4, 5)
-  assert s.level_mask.sum() == 3
-  with pytest.raises(ValueError, match="tree 0 needs max_leaves=3 > the given "
-                     "max_leaves=2"):
+  for schedule in trees.SCHEDULES:
+    s = trees.encode(batch, schedule=schedule, max_leaves=6, max_steps=4,
+                     width=5)
+    assert s.tokens.shape == (2, 6) and s.node_mask.shape == (2, 11)
+    assert s.node.shape == s.left.shape == s.step_mask.shape == (4, 5)
+    assert s.step_mask.sum() == 3
+    # Padding slots write past the B * N = 22 slots, each to its own index.
+    np.testing.assert_array_equal(s.node[3], 22 + np.arange(5))
+  with pytest.raises(trees.ScheduleError, match="tree 0 needs max_leaves=3 > "
+                     "the given max_leaves=2"):
     trees.encode(batch, max_leaves=2)
-  with pytest.raises(ValueError, match="tree 0 needs max_height=2 > the given "
-                     "max_height=1"):
-    trees.encode(batch, max_height=1)
-  with pytest.raises(ValueError, match="2 nodes of height 1 > the given "
-                     "max_width=1"):
-    trees.encode(batch, max_width=1)
+  for schedule in trees.SCHEDULES:
+    with pytest.raises(trees.ScheduleError, match=r"tree 0 needs max_steps=2 "
+                       r"\(its height\) > the given max_steps=1"):
+      trees.encode(batch, schedule=schedule, max_steps=1)
+  with pytest.raises(trees.ScheduleError, match="2 nodes of height 1 > the "
+                     "given width=1"):
+    trees.encode(batch, schedule="level", width=1)
+  # Chunked: width 1 runs (1 2), then the two roots one after the other.
+  assert trees.encode(batch, width=1).node.shape == (3, 1)
+  with pytest.raises(trees.ScheduleError, match="the batch needs 3 steps at "
+                     "width=1 > the given max_steps=2; raise width or "
+                     "max_steps"):
+    trees.encode(batch, width=1, max_steps=2)
+  with pytest.raises(ValueError, match="schedule must be one of"):
+    trees.encode(batch, schedule="levels")
+  for name in ("width", "max_leaves", "max_steps"):
+    with pytest.raises(ValueError, match=f"{name} must be a positive int"):
+      trees.encode(batch, **{name: 0})
 
 
 def test_encode_errors_name_tree_and_item():
@@ -325,19 +441,27 @@ def _setup(name, batch, H=4, dtype=jnp.float32, **pad):
   return cell, params, s, x
 
 
+# Both schedules padded past the batch's sizes (L = 8 > 7 leaves; level: 7
+# steps > the largest height 4; chunked: 3 slots a step, 14 nodes in 5 steps
+# of 7, one padding slot).
+PADS = {"level": dict(schedule="level", max_leaves=8, max_steps=7),
+        "chunked": dict(width=3, max_leaves=8, max_steps=7)}
+
+
 def _random_batch(seed=0):
-  """Trees of 1 to 7 leaves and random shapes, padded past the batch's
-  sizes (L = 8 > 7 leaves, T = 7 > the largest height)."""
+  """Trees of 1 to 7 leaves and random shapes."""
   rng = np.random.default_rng(seed)
-  batch = [random_tree(rng, list(range(n)), labeled=False)
-           for n in (1, 7, 3, 6, 2)]
-  return batch, dict(max_leaves=8, max_height=7)
+  return [random_tree(rng, list(range(n)), labeled=False)
+          for n in (1, 7, 3, 6, 2)]
 
 
-@pytest.fixture(scope="module", params=["tree_rnn", "tree_lstm"])
+@pytest.fixture(scope="module", params=[
+    ("tree_rnn", "level"), ("tree_rnn", "chunked"), ("tree_lstm", "level"),
+    ("tree_lstm", "chunked")], ids="-".join)
 def setup(request):
-  batch, pad = _random_batch()
-  return (batch, *_setup(request.param, batch, **pad))
+  name, schedule = request.param
+  batch = _random_batch()
+  return (batch, *_setup(name, batch, **PADS[schedule]))
 
 
 def test_run_equals_recursive_reference(setup):
@@ -356,22 +480,18 @@ def test_run_equals_recursive_reference(setup):
     np.testing.assert_array_equal(roots.c[0], np.zeros(4))
 
 
-@pytest.mark.parametrize("setup", ["tree_lstm"], indirect=True)
-def test_run_gradients_equal_recursive_reference(setup):
-  """Gradients w.r.t. params and leaf inputs, with and without remat (the
-  recursion is cell-agnostic; tree_lstm's two-field state is the harder
-  case)."""
-  batch, cell, params, s, x = setup
+def test_run_gradients_equal_recursive_reference():
+  """Gradients w.r.t. params and leaf inputs: both schedules, and the
+  default (chunked) also with remat. The recursion is cell-agnostic;
+  tree_lstm's two-field state is the harder case. The reference is computed
+  once: the node states do not depend on the schedule."""
+  batch = _random_batch()
+  cell, params, s, x = _setup("tree_lstm", batch, **PADS["level"])
   weights = jax.random.normal(key(2), s.node_mask.shape + (4,))
-
-  def loss_run(params, x, remat):
-    states, roots = trees.run(cell, params, x, s, remat=remat)
-    return sum(jnp.sum(weights * a) for a in states) + jnp.sum(roots.h ** 2)
-
   term = jax.jit(lambda w, s: sum(jnp.sum(w * a) for a in s))
   square = jax.jit(lambda s: jnp.sum(s.h ** 2))
 
-  def loss_ref(params, x):  # the same loss, one node at a time
+  def loss_ref(params, x):  # the loss below, one node at a time
     total = 0.0
     for b, t in enumerate(batch):
       nodes = reference_states(cell, params, x[b], t)
@@ -380,15 +500,24 @@ def test_run_gradients_equal_recursive_reference(setup):
     return total
 
   g_ref = jax.grad(loss_ref, argnums=(0, 1))(params, x)
-  grad = jax.jit(jax.grad(loss_run, argnums=(0, 1)), static_argnums=2)
-  for remat in (False, True):
-    g_run = grad(params, x, remat)
-    jax.tree_util.tree_map(
-        lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
-        g_run, g_ref)
-  # Padded leaf slots get no gradient; every real leaf gets some.
-  assert not np.any(np.asarray(g_run[1])[~s.leaf_mask])
-  assert np.all(np.any(np.asarray(g_run[1]) != 0, -1)[s.leaf_mask])
+
+  @functools.partial(jax.jit, static_argnums=(3,))
+  def grad(params, x, s, remat):
+    def loss_run(params, x):
+      states, roots = trees.run(cell, params, x, s, remat=remat)
+      return sum(jnp.sum(weights * a) for a in states) + jnp.sum(roots.h ** 2)
+    return jax.grad(loss_run, argnums=(0, 1))(params, x)
+
+  for name, pad in PADS.items():
+    s = trees.encode(batch, **pad)
+    for remat in (False, True) if name == "chunked" else (False,):
+      g_run = grad(params, x, s, remat)
+      jax.tree_util.tree_map(
+          lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5),
+          g_run, g_ref)
+    # Padded leaf slots get no gradient; every real leaf gets some.
+    assert not np.any(np.asarray(g_run[1])[~s.leaf_mask])
+    assert np.all(np.any(np.asarray(g_run[1]) != 0, -1)[s.leaf_mask])
 
 
 def _scan_lengths(fn, *args):
@@ -396,23 +525,44 @@ def _scan_lengths(fn, *args):
           if e.primitive.name == "scan"]
 
 
-def test_sequential_steps_are_the_max_height():
+def test_sequential_steps_are_the_schedule_length():
   H = 3
   cell = sorjax.cells.make("tree_rnn", hidden_size=H)
   params = jax.eval_shape(lambda k: cell.init(k, H), key(0))
-  # 16 leaves and 31 nodes but height 4; a 6-leaf chain has height 5.
-  for batch, height in (([balanced(list(range(16)))] * 2, 4),
-                        ([balanced(list(range(16))), chain(list(range(6)))],
-                         5),
-                        ([Tree(word=1), Tree(word=2)], 0)):
-    s = trees.encode(batch)
+  two = [balanced(list(range(16)))] * 2   # 30 internal nodes, height 4
+  # Level: the largest height (a 6-leaf chain has height 5). Chunked: two
+  # 16-leaf trees at width 16 take their height, 4 steps; at width 8 the 16
+  # nodes of height 1 take two steps, then 8, 4, 2 nodes: 5 steps.
+  for batch, kw, steps in (
+      (two, dict(schedule="level"), 4),
+      ([two[0], chain(list(range(6)))], dict(schedule="level"), 5),
+      ([Tree(word=1), Tree(word=2)], dict(schedule="level"), 0),
+      (two, dict(width=16), 4),
+      (two, dict(width=8), 5),
+      (two, {}, 5)):                    # default width: 30 / 4 -> 8
+    s = trees.encode(batch, **kw)
     x = jax.ShapeDtypeStruct(s.tokens.shape + (H,), jnp.float32)
-    assert s.node.shape[0] == height
+    assert s.node.shape[0] == steps
     fn = lambda params, x: trees.run(cell, params, x, s)
-    assert _scan_lengths(fn, params, x) == [height]
+    assert _scan_lengths(fn, params, x) == [steps]
     # ... also in the backward pass.
     g = jax.grad(lambda p, x: jnp.sum(fn(p, x)[1].h))
-    assert set(_scan_lengths(g, params, x)) == {height}
+    assert set(_scan_lengths(g, params, x)) == {steps}
+
+
+def test_chunks_pad_less_than_levels():
+  """The point of chunking: 32 trees of 10-40 leaves (the benchmark's
+  forest) in fewer slots than levels padded to the widest one, in at most a
+  few more steps than the largest height."""
+  rng = np.random.default_rng(0)
+  batch = [random_tree(rng, list(range(n)), labeled=False)
+           for n in rng.integers(10, 41, size=32)]
+  level, chunked = (trees.encode(batch, schedule=k) for k in ("level",
+                                                                "chunked"))
+  nodes = sum(len(t.leaves()) - 1 for t in batch)
+  assert level.step_mask.sum() == chunked.step_mask.sum() == nodes
+  assert chunked.node.size < 0.5 * level.node.size
+  assert chunked.node.shape[0] <= level.node.shape[0] + 3
 
 
 def test_jit_compiles_once_for_padded_batches():
@@ -429,14 +579,14 @@ def test_jit_compiles_once_for_padded_batches():
   for _ in range(3):
     batch = [random_tree(rng, list(range(n)), labeled=False)
              for n in rng.integers(1, 6, size=3)]
-    s = trees.encode(batch, max_leaves=5, max_height=4, max_width=6)
+    s = trees.encode(batch, max_leaves=5, max_steps=4, width=6)
     roots(params, jnp.ones(s.tokens.shape + (2,)), s)
   assert len(traces) == 1
 
 
 def test_vmap_over_batches_and_params():
   rng = np.random.default_rng(4)
-  pad = dict(max_leaves=6, max_height=5, max_width=6)
+  pad = dict(max_leaves=6, max_steps=5, width=6)
   batches = [[random_tree(rng, list(range(n)), labeled=False)
               for n in sizes] for sizes in ((6, 2), (3, 5))]
   cell = sorjax.cells.make("tree_rnn", hidden_size=4)

@@ -8,8 +8,14 @@ data.dataset = "sst": the Stanford Sentiment Treebank's binary parse trees,
 and counted); the root label is the target, or every node's with
 data.per_node.
 
-Batches are level schedules (`sorjax.trees.encode`) padded to the split's
-largest tree, so the step compiles once.
+Batches are chunked schedules (`sorjax.trees.encode`) of one shape per
+batch size: L = the largest tree's leaves, T = the largest height over all
+splits, W = ceil(B (L - 1) / T), the narrowest width whose T steps can hold
+B of the largest trees; so the train step compiles once. A batch that
+needs more steps at that width (none in the keyword data sets) doubles W
+for the rest of the run: one more compilation. Trees are looked up and
+numbered once (`trees.tree_arrays`); the dev / test batches are encoded
+once and evaluated by one jitted function that returns the sums.
 """
 
 from __future__ import annotations
@@ -28,7 +34,7 @@ from sorjax.models.tree_classifier import TreeClassifier, loss_and_accuracy
 from sorjax.training.tasks.common import ConfigError
 
 log = logging.getLogger(__name__)
-_LEVEL_KEYS = ("node", "left", "right", "level_mask")
+_STEP_KEYS = ("node", "left", "right", "step_mask")
 
 
 def _keyword_tree(ex) -> trees.Tree:
@@ -38,7 +44,7 @@ def _keyword_tree(ex) -> trees.Tree:
 
 class TreeTask:
   name = "trees"
-  replicated_keys = _LEVEL_KEYS   # not split over devices: level arrays
+  replicated_keys = _STEP_KEYS   # not split over devices: schedule arrays
 
   def __init__(self, config):
     d, m = config.data, config.model
@@ -66,10 +72,22 @@ class TreeTask:
                                 per_node=self.per_node,
                                 embed_init=m.get("embedding_init") or
                                 "le_zuidema", remat=bool(m.remat))
-    all_trees = [t for ts in self.split_trees.values() for t in ts]
-    self.max_leaves = max(len(t.leaves()) for t in all_trees)
-    self.max_height = max(t.height for t in all_trees)
-    self._eval = jax.jit(self._logits)
+    self.split_arrays = {s: [trees.tree_arrays(t, self.word_id) for t in ts]
+                         for s, ts in self.split_trees.items()}
+    self._arrays_of = {id(t): a for s, ts in self.split_trees.items()
+                       for t, a in zip(ts, self.split_arrays[s])}
+    all_arrays = [a for arrs in self.split_arrays.values() for a in arrs]
+    self.max_leaves = max(len(a.tokens) for a in all_arrays)
+    self.max_steps = max(max(int(a.height[-1]) for a in all_arrays), 1)
+    self._widths = {}         # batch size -> W
+    self._eval_batches = {}   # split -> encoded batches, built once
+    self._eval = jax.jit(self._eval_sums)
+    self._eval_logits = jax.jit(self._logits)
+    # Init runs once: on CPU, XLA's backend optimisations of its random ops
+    # cost 3x more compile time than they could save.
+    self._init = jax.jit(self._init_params, compiler_options={
+        "xla_backend_optimization_level": 0} if jax.default_backend() == "cpu"
+                         else None)
 
   # ---------------------------------------------------------------- data
   def _keyword(self, d):
@@ -121,10 +139,28 @@ class TreeTask:
     self.word_id = lambda w: self.vocab.id(w) if w in self.vocab else \
         self.vocab.unk_id
 
+  def _arrays(self, t) -> trees.TreeArrays:
+    """A tree's arrays: looked up once for the splits' trees."""
+    if isinstance(t, trees.TreeArrays):
+      return t
+    a = self._arrays_of.get(id(t))
+    return a if a is not None else trees.tree_arrays(t, self.word_id)
+
   def _schedule(self, ts, batch_size):
-    W = batch_size * self.max_leaves
-    return trees.encode(ts, self.word_id, unk=None, max_leaves=self.max_leaves,
-                        max_height=self.max_height, max_width=W)
+    """The chunked schedule of a batch of `batch_size` trees (or arrays)."""
+    arrs = [self._arrays(t) for t in ts]
+    L, T = self.max_leaves, self.max_steps
+    W = self._widths.setdefault(batch_size,
+                                max(1, -(-batch_size * (L - 1) // T)))
+    while True:
+      try:
+        return trees.encode(arrs, max_leaves=L, max_steps=T, width=W)
+      except trees.ScheduleError:
+        if W >= batch_size * L:   # as wide as the widest level: cannot help
+          raise
+        W = self._widths[batch_size] = min(2 * W, batch_size * L)
+        log.info("trees: a batch of %d needs more than %d steps; width %d "
+                 "from now on (one more compilation)", batch_size, T, W)
 
   def _batch(self, ts, batch_size):
     sched = self._schedule(ts, batch_size)
@@ -132,14 +168,20 @@ class TreeTask:
 
   def _pad(self, ts, batch_size):
     """Pads a short batch with copies of its first tree, unlabeled."""
-    fill = [_unlabeled(ts[0])] * (batch_size - len(ts))
-    return list(ts) + fill
+    first = ts[0]
+    if isinstance(first, trees.TreeArrays):
+      fill = first._replace(labels=np.full_like(first.labels, -1))
+    else:
+      fill = _unlabeled(first)
+    return list(ts) + [fill] * (batch_size - len(ts))
 
   # ---------------------------------------------------------------- train
   def init_params(self, rng):
-    sched = trees.Schedule(**self._batch(self._pad(
-        self.split_trees["train"][:1], 1), 1))
-    return self.model.init(rng, sched)["params"]
+    # The shapes do not depend on the trees: a one-leaf tree runs no step.
+    return self._init(rng, trees.encode([trees.Tree(word=0)])._asdict())
+
+  def _init_params(self, rng, batch):   # one compilation, not one per op
+    return self.model.init(rng, trees.Schedule(**batch))["params"]
 
   def init_carry(self, params):
     return ()
@@ -148,7 +190,7 @@ class TreeTask:
     return len(self.split_trees["train"]) // self.batch_size
 
   def train_batches(self, epoch, position):
-    ts = self.split_trees["train"]
+    ts = self.split_arrays["train"]
     order = np.random.default_rng((self.seed, epoch)).permutation(len(ts))
     start = (position or {}).get("batch", 0)
     for i in range(start, self.num_train_batches()):
@@ -185,28 +227,45 @@ class TreeTask:
   def eval_splits(self):
     return ("dev", "test")
 
+  def _eval_batches_of(self, split):
+    """[(trees in the batch, batch)] over a split, encoded once; the last
+    batch is padded with unlabeled copies (fixed shapes)."""
+    if split not in self._eval_batches:
+      arrs, B = self.split_arrays[split], self.eval_batch_size
+      self._eval_batches[split] = [
+          (len(arrs[i:i + B]), self._batch(self._pad(arrs[i:i + B], B), B))
+          for i in range(0, len(arrs), B)]
+    return self._eval_batches[split]
+
   def predictions(self, params, split):
     """Yields (trees of the batch, logits) over a split."""
     ts = self.split_trees[split]
-    B = self.eval_batch_size
-    for i in range(0, len(ts), B):
-      chunk = ts[i:i + B]
-      logits = self._eval(params, self._batch(self._pad(chunk, B), B))
-      yield chunk, np.asarray(logits)[:len(chunk)]
+    start = 0
+    for n, batch in self._eval_batches_of(split):
+      yield ts[start:start + n], np.asarray(
+          self._eval_logits(params, batch))[:n]
+      start += n
+
+  def _eval_sums(self, params, batch):
+    """(summed NLL, hits, targets) of one batch; unlabeled slots and the
+    padding copies do not count."""
+    sched = trees.Schedule(**batch)
+    logits = self._logits(params, batch)
+    labels = sched.labels if self.per_node else jnp.take_along_axis(
+        sched.labels, sched.root[:, None], 1)[:, 0]
+    mask = labels >= 0
+    safe = jnp.where(mask, labels, 0)
+    lp = jax.nn.log_softmax(logits.astype(jnp.float32), -1)
+    nll = -jnp.take_along_axis(lp, safe[..., None], -1)[..., 0]
+    hit = (jnp.argmax(logits, -1) == safe) & mask
+    return (jnp.sum(jnp.where(mask, nll, 0.0)), jnp.sum(hit),
+            jnp.sum(mask))
 
   def evaluate(self, params, split, temperature):
-    nll, hit, n = 0.0, 0, 0
-    for chunk, logits in self.predictions(params, split):
-      sched = self._schedule(self._pad(chunk, len(chunk)), len(chunk))
-      labels = sched.labels if self.per_node else \
-          np.take_along_axis(sched.labels, sched.root[:, None], 1)[:, 0]
-      lp = np.asarray(jax.nn.log_softmax(jnp.asarray(logits), -1))
-      mask = labels >= 0
-      safe = np.where(mask, labels, 0)
-      nll -= float(np.sum(np.take_along_axis(lp, safe[..., None], -1)[..., 0]
-                          * mask))
-      hit += int(np.sum((lp.argmax(-1) == safe) & mask))
-      n += int(mask.sum())
+    sums = [self._eval(params, batch)
+            for _, batch in self._eval_batches_of(split)]
+    nll, hit, n = (float(sum(np.asarray(x) for x in xs))
+                   for xs in zip(*jax.device_get(sums)))
     return {"loss": nll / n, "accuracy": hit / n}
 
 
