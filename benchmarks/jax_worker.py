@@ -266,7 +266,7 @@ def node_order(schedule) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
   B, N = schedule.node_mask.shape
   per_tree = [[] for _ in range(B)]
   for n, l, r, m in zip(schedule.node.ravel(), schedule.left.ravel(),
-                        schedule.right.ravel(), schedule.level_mask.ravel()):
+                        schedule.right.ravel(), schedule.step_mask.ravel()):
     if m:
       per_tree[n // N].append((n, l, r))
   S = max(len(t) for t in per_tree)
@@ -309,13 +309,15 @@ def tree_case(spec: dict) -> JaxCase:
   B, H = spec["B"], spec["H"]
   forest = random_trees(B, spec["min_leaves"], spec["max_leaves"],
                         spec.get("seed", 0))
-  schedule = trees.encode(forest)
+  schedule = trees.encode(forest, schedule="level" if spec["impl"] ==
+                          "tree_level" else "chunked",
+                          width=spec.get("width"))
   cell = cells.make("tree_lstm", hidden_size=H)
   params = cell.init(jax.random.key(0), H)
   L = schedule.tokens.shape[1]
   leaves = jax.random.normal(jax.random.key(1), (B, L, H), jnp.float32)
   G = jax.random.normal(jax.random.key(2), (B, H), jnp.float32)
-  if spec["impl"] == "tree_level":
+  if spec["impl"] in ("tree_level", "tree_chunked"):
     def fwd(p, x, aux):
       return trees.run(cell, p, x, schedule)[1][0]
     steps = int(schedule.node.shape[0])
@@ -325,16 +327,18 @@ def tree_case(spec: dict) -> JaxCase:
     def fwd(p, x, aux):
       return run_node_by_node(cell, p, x, schedule, order)
     steps = int(order[0].shape[0])
-  compositions = int(schedule.level_mask.sum())
+  compositions = int(schedule.step_mask.sum())
   return JaxCase(vjp_step(fwd), (params, leaves, {}, G),
-                 {"tokens_per_step": compositions, "sequential_steps": steps})
+                 {"tokens_per_step": compositions, "sequential_steps": steps,
+                  "slots": int(schedule.node.size)})
 
 
 BUILDERS = {"sorjax": sorjax_case, "naive": naive_case,
             "prototype": prototype_case, "flax_lstm": flax_case,
             "cudnn_lstm": cudnn_case, "matmul": matmul_case,
             "stepmm": stepmm_case,
-            "tree_level": tree_case, "tree_node": tree_case}
+            "tree_level": tree_case, "tree_chunked": tree_case,
+            "tree_node": tree_case}
 
 
 def make_case(spec: dict[str, Any]) -> JaxCase:

@@ -716,21 +716,23 @@ def section_unroll(b: Bench, rep: Report):
 
 def section_trees(b: Bench, rep: Report):
   t = b.profile.tree
-  rep.add(f"## tree_lstm: level-scheduled vs node-by-node\n\n{t['B']} random "
-          f"binary trees of {t['min_leaves']}-{t['max_leaves']} leaves (split "
-          f"points uniform), H = {t['H']}; throughput in compositions "
-          "(internal nodes) per second, forward + backward.")
+  rep.add(f"## tree_lstm: chunked vs level-scheduled vs node-by-node\n\n"
+          f"{t['B']} random binary trees of {t['min_leaves']}-"
+          f"{t['max_leaves']} leaves (split points uniform), H = {t['H']}; "
+          "throughput in compositions (internal nodes) per second, forward + "
+          "backward; slots = steps x width, the compositions computed.")
   cs = [Contender(impl, dict(impl=impl, **t), "jax",
                   flops.train_flops("tree_lstm", {"hidden_size": t["H"]},
                                     t["H"]))
-        for impl in ("tree_level", "tree_node")]
+        for impl in ("tree_chunked", "tree_level", "tree_node")]
   g = b.group(cs)
-  rows = [[c.label, str(c.info.get("sequential_steps", "-")), f_rate(c),
-           f_pct(g.fraction(c)), f_x(g.ratio(c, cs[1])), f_mb(c.peak_mb)]
+  rows = [[c.label, str(c.info.get("sequential_steps", "-")),
+           str(c.info.get("slots", "-")), f_rate(c), f_pct(g.fraction(c)),
+           f_x(g.ratio(c, cs[2])), f_x(g.ratio(c, cs[1])), f_mb(c.peak_mb)]
           for c in cs]
   rep.add(roof_line(g) + "\n\n" + table(
-      ["schedule", "sequential steps", "nodes/s", "% roofline",
-       "vs node-by-node", "peak memory"], rows) + _errs(cs))
+      ["schedule", "sequential steps", "slots", "nodes/s", "% roofline",
+       "vs node-by-node", "vs level", "peak memory"], rows) + _errs(cs))
 
 
 def section_gpu(b: Bench, rep: Report):

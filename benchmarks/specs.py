@@ -60,6 +60,7 @@ def label(spec: dict) -> str:
       "flax_lstm": "flax OptimizedLSTMCell",
       "cudnn_lstm": "jax.experimental.rnn (cuDNN)",
       "tree_level": "tree_lstm level-scheduled",
+      "tree_chunked": "tree_lstm chunked (Hu, W = nodes / height)",
       "tree_node": "tree_lstm node-by-node",
   }[impl].format(cell=spec.get("cell", ""),
                  framework={"jax": "XLA", "torch": "torch"}.get(
