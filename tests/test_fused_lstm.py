@@ -1,0 +1,185 @@
+"""sorjax.fused_lstm against a NumPy loop of the LSTM equations (float64):
+values, final carry, masking, gradients (finite differences and a plain
+JAX loop), vmap over replicas, jit, and the prefetching scan."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sorjax.cells.base import LSTMCarry
+from sorjax.fused_lstm import lstm_scan, scan_prefetch
+
+B, T, H = 3, 6, 4
+
+
+def sigmoid(x):
+  return 1.0 / (1.0 + np.exp(-x))
+
+
+def numpy_lstm(W, xp, h, c, lengths=None, forget_bias=0.0):
+  """The module docstring's equations, one example and one step at a time."""
+  T_, B_, _ = xp.shape
+  ys = np.zeros((T_, B_, W.shape[0]))
+  h, c = h.copy(), c.copy()
+  for b in range(B_):
+    for t in range(T_ if lengths is None else lengths[b]):
+      z = xp[t, b] + h[b] @ W
+      i, f, g, o = np.split(z, 4)
+      c[b] = sigmoid(f + forget_bias) * c[b] + sigmoid(i) * np.tanh(g)
+      h[b] = sigmoid(o) * np.tanh(c[b])
+      ys[t, b] = h[b]
+  return h, c, ys
+
+
+def jax_loop_loss(W, xp, h, c, G, lengths, forget_bias):
+  """<ys, G> + sum(final h) + 2 sum(final c) by a plain Python loop in JAX."""
+  ys = []
+  for t in range(xp.shape[0]):
+    z = xp[t] + h @ W
+    i, f, g, o = jnp.split(z, 4, axis=-1)
+    c_new = jax.nn.sigmoid(f + forget_bias) * c + jax.nn.sigmoid(i) * jnp.tanh(g)
+    h_new = jax.nn.sigmoid(o) * jnp.tanh(c_new)
+    m = (t < lengths)[:, None] if lengths is not None else None
+    if m is not None:
+      h_new, c_new = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
+      ys.append(jnp.where(m, h_new, 0.0))
+    else:
+      ys.append(h_new)
+    h, c = h_new, c_new
+  return jnp.sum(jnp.stack(ys) * G) + jnp.sum(h) + 2.0 * jnp.sum(c)
+
+
+def fused_loss(W, xp, h, c, G, lengths, forget_bias):
+  final, ys = lstm_scan(W, xp, LSTMCarry(h, c), lengths, forget_bias)
+  return jnp.sum(ys * G) + jnp.sum(final.h) + 2.0 * jnp.sum(final.c)
+
+
+@pytest.fixture
+def data():
+  with jax.enable_x64(True):
+    r = np.random.default_rng(0)
+    W = r.normal(size=(H, 4 * H)) / 2
+    xp = r.normal(size=(T, B, 4 * H))
+    h0, c0 = r.normal(size=(B, H)), r.normal(size=(B, H))
+    G = r.normal(size=(T, B, H))
+    yield W, xp, h0, c0, G
+
+
+@pytest.mark.parametrize("lengths", [None, (6, 2, 0)])
+@pytest.mark.parametrize("forget_bias", [0.0, 1.0])
+def test_values_match_numpy_loop(data, lengths, forget_bias):
+  W, xp, h0, c0, _ = data
+  with jax.enable_x64(True):
+    L = None if lengths is None else jnp.asarray(lengths, jnp.int32)
+    final, ys = lstm_scan(jnp.asarray(W), jnp.asarray(xp),
+                          LSTMCarry(jnp.asarray(h0), jnp.asarray(c0)), L,
+                          forget_bias)
+    h, c, ys_ref = numpy_lstm(W, xp, h0, c0, lengths, forget_bias)
+    np.testing.assert_allclose(ys, ys_ref, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(final.h, h, rtol=1e-12, atol=1e-12)
+    np.testing.assert_allclose(final.c, c, rtol=1e-12, atol=1e-12)
+    if lengths is not None:  # length 0: the carry is untouched
+      np.testing.assert_array_equal(final.h[2], h0[2])
+      np.testing.assert_array_equal(ys[:, 2], 0.0)
+
+
+@pytest.mark.parametrize("lengths", [None, (6, 2, 0)])
+def test_gradients_match_plain_loop(data, lengths):
+  W, xp, h0, c0, G = data
+  with jax.enable_x64(True):
+    L = None if lengths is None else jnp.asarray(lengths, jnp.int32)
+    args = tuple(map(jnp.asarray, (W, xp, h0, c0)))
+    got = jax.grad(fused_loss, argnums=(0, 1, 2, 3))(*args, G, L, 0.5)
+    ref = jax.grad(jax_loop_loss, argnums=(0, 1, 2, 3))(*args, G, L, 0.5)
+    for g, r in zip(got, ref):
+      np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
+
+
+def test_gradient_matches_finite_differences(data):
+  W, xp, h0, c0, G = data
+  lengths = (6, 3, 1)
+
+  def np_loss(W_, xp_):
+    h, c, ys = numpy_lstm(W_, xp_, h0, c0, lengths, 0.5)
+    return np.sum(ys * G) + np.sum(h) + 2.0 * np.sum(c)
+
+  with jax.enable_x64(True):
+    gW, gx = jax.grad(fused_loss, argnums=(0, 1))(
+        jnp.asarray(W), jnp.asarray(xp), jnp.asarray(h0), jnp.asarray(c0), G,
+        jnp.asarray(lengths, jnp.int32), 0.5)
+  r = np.random.default_rng(1)
+  for _ in range(3):
+    dW, dx = r.normal(size=W.shape), r.normal(size=xp.shape)
+    eps = 1e-6
+    fd = (np_loss(W + eps * dW, xp + eps * dx)
+          - np_loss(W - eps * dW, xp - eps * dx)) / (2 * eps)
+    np.testing.assert_allclose(np.sum(gW * dW) + np.sum(gx * dx), fd,
+                               rtol=1e-7)
+
+
+def test_vmap_over_replicas_and_jit(data):
+  W, xp, h0, c0, G = data
+  R = 3
+  with jax.enable_x64(True):
+    r = np.random.default_rng(2)
+    Ws = jnp.asarray(W[None] + 0.1 * r.normal(size=(R,) + W.shape))
+    xps = jnp.asarray(xp[None] + 0.1 * r.normal(size=(R,) + xp.shape))
+    L = jnp.asarray((5, 6, 1), jnp.int32)
+    grad = jax.grad(fused_loss, argnums=(0, 1))
+
+    @jax.jit
+    def batched(Ws, xps):
+      return jax.vmap(lambda w, x: grad(w, x, h0, c0, G, L, 0.0))(Ws, xps)
+
+    gW, gx = batched(Ws, xps)
+    for k in range(R):
+      rW, rx = jax.grad(jax_loop_loss, argnums=(0, 1))(
+          Ws[k], xps[k], jnp.asarray(h0), jnp.asarray(c0), G, L, 0.0)
+      np.testing.assert_allclose(gW[k], rW, rtol=1e-10, atol=1e-12)
+      np.testing.assert_allclose(gx[k], rx, rtol=1e-10, atol=1e-12)
+
+
+def test_float32_in_float32_out():
+  W = jnp.zeros((H, 4 * H), jnp.float32)
+  xp = jnp.ones((T, B, 4 * H), jnp.float32)
+  z = jnp.zeros((B, H), jnp.float32)
+  final, ys = lstm_scan(W, xp, LSTMCarry(z, z))
+  assert ys.dtype == final.h.dtype == final.c.dtype == jnp.float32
+  assert ys.shape == (T, B, H)
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(xp=np.zeros((T, B, 4 * H + 1))), "W_h must be"),
+    (dict(xp=np.zeros((B, 4 * H))), "xp must be"),
+    (dict(h=np.zeros((B + 1, H))), "carry.h"),
+    (dict(lengths=np.zeros((B + 1,), np.int32)), "lengths"),
+    (dict(xp=np.zeros((0, B, 4 * H))), "no time steps"),
+])
+def test_bad_inputs_are_named(bad, message):
+  args = dict(xp=np.zeros((T, B, 4 * H)), h=np.zeros((B, H)),
+              lengths=None)
+  args.update(bad)
+  z = jnp.zeros((B, H))
+  with pytest.raises(ValueError, match=message):
+    lstm_scan(jnp.zeros((H, 4 * H)), jnp.asarray(args["xp"], jnp.float32),
+              LSTMCarry(jnp.asarray(args["h"], jnp.float32), z),
+              args["lengths"])
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_prefetch_is_a_scan(reverse):
+  xs = (jnp.arange(12.0).reshape(6, 2), jnp.arange(6.0))
+
+  def body(c, x):
+    a, b = x
+    c = 0.5 * c + a * b
+    return c, c + b
+
+  ref = jax.lax.scan(body, jnp.ones(2), xs, reverse=reverse)
+  got = scan_prefetch(body, jnp.ones(2), xs, reverse=reverse)
+  for g, r in zip(jax.tree_util.tree_leaves(got),
+                  jax.tree_util.tree_leaves(ref)):
+    np.testing.assert_array_equal(g, r)
+  with pytest.raises(ValueError, match="no steps"):
+    scan_prefetch(body, jnp.ones(2), (xs[0][:0], xs[1][:0]))
