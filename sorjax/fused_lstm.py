@@ -66,11 +66,10 @@ def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
     nxt = jnp.clip(t - 1 if reverse else t + 1, 0, n - 1)
     return (c, at(nxt)), y
 
-  order = jnp.arange(n - 1, -1, -1) if reverse else jnp.arange(n)
-  (carry, _), ys = jax.lax.scan(wrapped, (carry, at(order[0])), order,
-                                unroll=unroll)
-  if reverse:  # scan stacked outputs in visiting order: restore time order
-    ys = jax.tree_util.tree_map(lambda a: jnp.flip(a, 0), ys)
+  first = at(n - 1 if reverse else 0)
+  (carry, _), ys = jax.lax.scan(wrapped, (carry, first),
+                                jnp.arange(n, dtype=jnp.int32),
+                                reverse=reverse, unroll=unroll)
   return carry, ys
 
 
