@@ -164,6 +164,20 @@ def _scan_bwd(forget_bias, unroll, res, cot):
 _scan.defvjp(_scan_fwd, _scan_bwd)
 
 
+def lstm_args(cell, params) -> tuple[Array, float] | None:
+  """(W_h, forget_bias) when `cell`'s step is exactly the recurrence above
+  (`lstm`, `mts_lstm`: x W_x + b and fixed biases are in `precompute`), so
+  that `lstm_scan(*lstm_args(cell, params)[:1], cell.precompute(...), ...)`
+  equals a scan of `cell.step`; None for every other cell."""
+  from sorjax.cells.lstm import LSTM
+  from sorjax.cells.mts_lstm import MTSLSTM
+  if type(cell) is LSTM:
+    return params["W_h"], float(cell.forget_bias)
+  if type(cell) is MTSLSTM:
+    return params["W_h"], 0.0
+  return None
+
+
 def lstm_scan(W_h: Array, xp: Array, carry: LSTMCarry,
               lengths: Array | None = None, forget_bias: float = 0.0,
               unroll: int = 1) -> tuple[LSTMCarry, Array]:
