@@ -320,17 +320,17 @@ def tree_case(spec: dict) -> JaxCase:
   if spec["impl"] in ("tree_level", "tree_chunked"):
     def fwd(p, x, aux):
       return trees.run(cell, p, x, schedule)[1][0]
-    steps = int(schedule.node.shape[0])
+    steps, slots = schedule.node.shape
   else:
     order = node_order(schedule)
 
     def fwd(p, x, aux):
       return run_node_by_node(cell, p, x, schedule, order)
-    steps = int(order[0].shape[0])
+    steps, slots = order[0].shape
   compositions = int(schedule.step_mask.sum())
   return JaxCase(vjp_step(fwd), (params, leaves, {}, G),
                  {"tokens_per_step": compositions, "sequential_steps": steps,
-                  "slots": int(schedule.node.size)})
+                  "slots": steps * slots})
 
 
 BUILDERS = {"sorjax": sorjax_case, "naive": naive_case,
