@@ -381,8 +381,8 @@ def _padded(name: str, need: np.ndarray, given: int | None) -> int:
     return int(need.max())
   if need.max() > given:
     b = int(np.argmax(need))
-    raise ScheduleError(f"encode: tree {b} needs {name}={need[b]} > the given "
-                     f"{name}={given}")
+    raise ScheduleError(f"encode: tree {b} needs {name}={need[b]} > the "
+                        f"given {name}={given}")
   return given
 
 
@@ -397,15 +397,23 @@ def hu_steps(parent: np.ndarray, depth: np.ndarray, width: int
              ) -> np.ndarray:
   """Hu's list schedule of a forest of unit tasks on `width` slots.
 
-  Task k may run once its children (the tasks j with parent[j] == k) are
-  done; each step runs up to `width` ready tasks, deepest first (Hu 1961:
-  highest level first; in a forest a task's level is its depth), then
-  lowest index. For in-forests this is optimal: no schedule of this width
-  takes fewer steps. Returns each task's step.
+  Task k may run once its children (the tasks j with parent[j] == k; -1
+  marks a root) are done; each step runs up to `width` ready tasks, the
+  deepest first (Hu 1961, "Parallel sequencing and assembly line problems":
+  highest level first, and in a forest a task's level is its depth, edges
+  to its root), then the lowest index. For forests this is optimal: no
+  schedule of this width takes fewer steps. Returns each task's step.
   """
+  if isinstance(width, bool) or not isinstance(width, (int, np.integer)) \
+      or width < 1:
+    raise ValueError(f"hu_steps: width must be a positive int, got {width!r}")
+  parent, depth = np.asarray(parent), np.asarray(depth)
   M = len(parent)
+  if depth.shape != (M,):
+    raise ValueError(f"hu_steps: depth must be [{M}] like parent, got shape "
+                     f"{depth.shape}")
   pending = np.bincount(parent[parent >= 0], minlength=M)
-  step = np.zeros(M, np.int64)
+  step = np.full(M, -1, np.int64)
   ready, t = np.flatnonzero(pending == 0), 0
   while ready.size:
     rest = ready[:0]
@@ -418,6 +426,9 @@ def hu_steps(parent: np.ndarray, depth: np.ndarray, width: int
     np.subtract.at(pending, up, 1)
     ready = np.concatenate([rest, np.unique(up[pending[up] == 0])])
     t += 1
+  if np.any(step < 0):
+    raise ValueError(f"hu_steps: tasks {np.flatnonzero(step < 0)[:5].tolist()}"
+                     " wait on a cycle; parent must describe a forest")
   return step
 
 

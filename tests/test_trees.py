@@ -350,6 +350,15 @@ def test_hu_steps_are_valid_and_optimal(seed):
     assert step.max() + 1 == _optimal_steps(list(parent), width)
 
 
+def test_hu_steps_rejects_bad_inputs():
+  with pytest.raises(ValueError, match="width must be a positive int, got 0"):
+    trees.hu_steps(np.array([-1]), np.array([0]), 0)
+  with pytest.raises(ValueError, match=r"depth must be \[2\] like parent"):
+    trees.hu_steps(np.array([1, -1]), np.array([0]), 1)
+  with pytest.raises(ValueError, match=r"tasks \[0, 1\] wait on a cycle"):
+    trees.hu_steps(np.array([1, 0, -1]), np.array([1, 1, 0]), 2)
+
+
 def test_tree_arrays_are_what_encode_batches():
   rng = np.random.default_rng(2)
   batch = [random_tree(rng, list(range(n))) for n in (4, 1, 6)]

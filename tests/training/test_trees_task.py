@@ -1,0 +1,102 @@
+"""The trees task's batching: one schedule shape per batch size, widening
+when a batch does not fit, and evaluation against a float64 NumPy forward
+pass of every tree on its own."""
+
+import jax
+import numpy as np
+import pytest
+
+from sorjax import trees
+from sorjax.data import keyword_trees
+from sorjax.training.tasks.trees import TreeTask
+from tests.experiments import tiny_trees
+
+
+@pytest.fixture(scope="module")
+def task():
+  cfg = tiny_trees.get_config()    # 200 / 20 / 20 trees of 1-10 leaves
+  cfg.model.cell = "tree_rnn"
+  cfg.model.hidden_size = 6
+  cfg.data.eval_batch_size = 7     # 7 + 7 + 6: the last batch is padded
+  return TreeTask(cfg)
+
+
+def _shapes(batch):
+  return {k: np.shape(v) for k, v in batch.items()}
+
+
+def test_one_shape_per_batch_size(task):
+  B, L, T = task.batch_size, task.max_leaves, task.max_steps
+  W = -(-B * (L - 1) // T)     # the narrowest width whose T steps hold B trees
+  shapes = {str(_shapes(b)) for epoch in (0, 1)
+            for b, _ in task.train_batches(epoch, None)}
+  assert len(shapes) == 1
+  batch = next(task.train_batches(0, None))[0]
+  assert batch["node"].shape == (T, W) and batch["tokens"].shape == (B, L)
+  # Every training tree once per epoch (200 = 10 batches of 20): the
+  # (leaves, root label) pairs are the split's.
+  seen = sorted((int(r) // 2 + 1, int(b["labels"][i, r]))
+                for b, _ in task.train_batches(1, None)
+                for i, r in enumerate(b["root"]))
+  want = sorted((len(keyword_trees.leaves(ex.tree)), ex.label)
+                for ex in task.examples["train"])
+  assert task.num_train_batches() * B == len(want) == 200
+  assert seen == want
+  eval_shapes = {str(_shapes(b)) for split in ("dev", "test")
+                 for _, b in task._eval_batches_of(split)}
+  assert len(eval_shapes) == 1
+
+
+def test_a_batch_that_needs_more_steps_widens_once(task, caplog):
+  B = 3
+  ts = task.split_trees["train"][:B]
+  arrays = [trees.tree_arrays(t) for t in ts]
+  need = trees.encode(arrays, width=1).node.shape[0]
+  task._widths[B] = 1
+  try:
+    if need <= task.max_steps:
+      pytest.skip("these trees fit one slot a step")
+    with caplog.at_level("INFO"):
+      batch = task._batch(ts, B)
+    assert task._widths[B] > 1 and "width" in caplog.text
+    assert batch["node"].shape == (task.max_steps, task._widths[B])
+    # The same trees, the same states' inputs: only the schedule differs.
+    level = trees.encode(arrays, schedule="level")
+    np.testing.assert_array_equal(batch["tokens"][:, :level.tokens.shape[1]],
+                                  level.tokens)
+    assert batch["step_mask"].sum() == level.step_mask.sum()
+  finally:
+    del task._widths[B]
+
+
+def _numpy_logits(tree, p):
+  """p = tanh([x; y] W + b) bottom-up (Le & Zuidema sec. 2), float64, then
+  the classifier on the root."""
+  f64 = lambda a: np.asarray(a, np.float64)
+  E, W, b = f64(p["embedding"]), f64(p["cell"]["W"]), f64(p["cell"]["b"])
+
+  def vec(node):
+    if isinstance(node, tuple):
+      return np.tanh(np.concatenate([vec(node[0]), vec(node[1])]) @ W + b)
+    return E[node]
+
+  return vec(tree) @ f64(p["classifier"]["kernel"]) + f64(
+      p["classifier"]["bias"])
+
+
+def test_evaluate_matches_numpy_per_tree(task):
+  params = task.init_params(jax.random.key(3))
+  params = jax.tree_util.tree_map(   # big enough for varied predictions
+      lambda a: a * 3e3 if a.ndim == 2 and a.shape[0] == 10_000 else a,
+      params)
+  for split in ("dev", "test"):
+    nll, hit = [], []
+    for ex in task.examples[split]:
+      z = _numpy_logits(ex.tree, params)
+      lp = z - z.max() - np.log(np.sum(np.exp(z - z.max())))
+      nll.append(-lp[ex.label])
+      hit.append(int(np.argmax(z)) == ex.label)
+    got = task.evaluate(params, split, 1.0)
+    np.testing.assert_allclose(got["loss"], np.mean(nll), rtol=1e-5)
+    assert got["accuracy"] == pytest.approx(np.mean(hit))
+    assert len(nll) == 20 and keyword_trees.NUM_CLASSES == 10
