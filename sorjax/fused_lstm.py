@@ -8,9 +8,10 @@
 `lstm_scan` computes what `sorjax.unroll` computes for an `lstm` cell (same
 masking by `lengths`: padded steps keep the carry and emit zeros), faster in
 the small-model regime, where XLA:CPU's per-step cost is elementwise code
-and kernel count, not FLOPs. Measured per core (benchmarks/small_model.py,
-B=10 T=200 H=12, forward + backward + Adam): 1.3x the autodiff scan; at
-B=32 T=100 H=256 1.1x. What makes the difference, each measured:
+and kernel count, not FLOPs. Measured per core (benchmarks/small_model.md,
+paired rounds, machine loaded): 1.0-1.3x the autodiff scan at B=10 T=200
+H=12, 1.2x at B=32 T=100 H=256, 1.05x at B=64 T=100 H=512. What makes the
+difference, each measured:
 
 - Transposed, gate-major layout. The state is h^T [H, B] and the gates
   z^T = W_h^T h^T [4H, B], so gate k is one contiguous run of H*B values.
@@ -24,7 +25,7 @@ B=32 T=100 H=256 1.1x. What makes the difference, each measured:
   LLVM cannot hoist, which blocks vectorisation of the whole fusion.
 - A hand-written backward: it saves the four gate activations and c_{t-1}
   (one [4, H*B] and one [H*B] slice per step, instead of autodiff's dozen
-  residual slices) and never recomputes a sigmoid; the weight gradient
+  residual slices) and recomputes only tanh(c_t); the weight gradient
   dW_h = sum_t h_{t-1}^T dz_t is ONE matmul after the backward loop
   (what cuDNN and oneDNN do), not T small ones.
 
