@@ -83,11 +83,7 @@ class TreeTask:
     self._eval_batches = {}   # split -> encoded batches, built once
     self._eval = jax.jit(self._eval_sums)
     self._eval_logits = jax.jit(self._logits)
-    # Init runs once: on CPU, XLA's backend optimisations of its random ops
-    # cost 3x more compile time than they could save.
-    self._init = jax.jit(self._init_params, compiler_options={
-        "xla_backend_optimization_level": 0} if jax.default_backend() == "cpu"
-                         else None)
+    self._init = jax.jit(self._init_params)
 
   # ---------------------------------------------------------------- data
   def _keyword(self, d):
