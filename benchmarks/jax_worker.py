@@ -85,7 +85,8 @@ def sorjax_case(spec: dict) -> JaxCase:
   R = spec.get("replicas", 0)
   cell = cells.make(name, **hp)
   opts = dict(hoist=spec.get("hoist", True), remat=spec.get("remat", False),
-              unroll=spec.get("unroll", 1))
+              unroll=spec.get("unroll", 1),
+              fused_grad=spec.get("fused_grad"))
   k0, k1, k2 = jax.random.split(jax.random.key(0), 3)
 
   def fwd(p, xs, aux):
@@ -121,28 +122,6 @@ def sorjax_case(spec: dict) -> JaxCase:
     xs, G = _data(k1, B, T, D, cell.hidden_size)
   return JaxCase(step, (state, xs, aux, G),
                  {"tokens_per_step": max(R, 1) * B * T}, stateful)
-
-
-def prototype_case(spec: dict) -> JaxCase:
-  """A `benchmarks.prototypes` fast path of a cell, same params and data."""
-  from benchmarks import prototypes
-  name, hp = spec["cell"], spec["hparams"]
-  B, T, D = spec["B"], spec["T"], spec["D"]
-  cell = cells.make(name, **hp)
-  variant = spec.get("variant", "batched_dw")
-  xs, G = _data(jax.random.key(1), B, T, D, cell.hidden_size)
-  aux = _aux(name, jax.random.key(2), B, T, hp)
-  if variant == "batched_dw":
-    fn = prototypes.prototype_unroll(name)
-
-    def fwd(p, xs, aux):
-      return fn(cell, p, xs, **aux)
-  else:
-    def fwd(p, xs, aux):
-      return prototypes.policy_unroll(cell, p, xs, variant, **aux)
-
-  return JaxCase(vjp_step(fwd), (cell.init(jax.random.key(0), D), xs, aux, G),
-                 {"tokens_per_step": B * T})
 
 
 def naive_case(spec: dict) -> JaxCase:
@@ -334,7 +313,7 @@ def tree_case(spec: dict) -> JaxCase:
 
 
 BUILDERS = {"sorjax": sorjax_case, "naive": naive_case,
-            "prototype": prototype_case, "flax_lstm": flax_case,
+            "flax_lstm": flax_case,
             "cudnn_lstm": cudnn_case, "matmul": matmul_case,
             "stepmm": stepmm_case,
             "tree_level": tree_case, "tree_chunked": tree_case,

@@ -48,8 +48,8 @@ from typing import Callable, Iterable
 from benchmarks import flops, specs
 
 ROOT = Path(__file__).resolve().parent.parent
-SECTIONS = ("lstm", "gemm", "cells", "dyck", "scaling", "remat", "unroll",
-            "trees", "gpu")
+SECTIONS = ("lstm", "gemm", "cells", "fused", "dyck", "scaling", "remat",
+            "unroll", "trees", "gpu")
 
 
 # ------------------------------------------------------------------ profiles
@@ -66,6 +66,7 @@ class Profile:
   scaling_cells: tuple
   remat_shape: tuple
   remat_cells: tuple
+  fused_shapes: tuple      # batched weight gradients vs autodiff, per cell
   unroll_shapes: tuple     # ((B, T, H), cells)
   unroll_factors: tuple
   dyck_variants: tuple     # option dicts of sorjax lstm in the Dyck regime
@@ -96,6 +97,7 @@ PROFILES = {
         remat_shape=(32, 200, 512),
         remat_cells=("lstm", "mrnn", "mlstm", "attention_lstm", "mm_rnn",
                      "mm_lstm"),
+        fused_shapes=specs.SHAPES,
         unroll_shapes=(((32, 100, 256), ("lstm", "mrnn", "mm_rnn")),
                        (specs.DYCK_SHAPE, ("lstm", "mrnn", "mm_rnn"))),
         unroll_factors=(1, 2, 4, 8),
@@ -111,6 +113,7 @@ PROFILES = {
         scaling={"T": ((32, 100, 256), (32, 1000, 256))},
         scaling_cells=("lstm", "mrnn"),
         remat_shape=(32, 200, 512), remat_cells=("lstm", "mrnn"),
+        fused_shapes=((32, 100, 256), (64, 100, 512)),
         unroll_shapes=((specs.DYCK_SHAPE, ("lstm",)),),
         unroll_factors=(1, 4, 8),
         dyck_variants=({}, {"unroll": 8}, {"hoist": False, "unroll": 8}),
@@ -124,6 +127,7 @@ PROFILES = {
         dyck_shape=(2, 6, 4), replicas=3,
         scaling={"T": ((2, 5, 8), (2, 10, 8))}, scaling_cells=("lstm",),
         remat_shape=(2, 5, 8), remat_cells=("mrnn",),
+        fused_shapes=((2, 5, 8),),
         unroll_shapes=(((2, 5, 8), ("lstm",)),), unroll_factors=(1, 2),
         dyck_variants=({},), replica_unrolls=(1,),
         tree=dict(B=2, H=8, min_leaves=3, max_leaves=6),
@@ -484,9 +488,8 @@ def section_lstm(b: Bench, rep: Report):
     flax_c = lstm_peer("flax_lstm", B, T, H, "jax")
     ours = sorjax("lstm", B, T, H)
     unhoisted = sorjax("lstm", B, T, H, hoist=False)
-    proto = sorjax("lstm", B, T, H)
-    proto.spec.update(impl="prototype", variant="batched_dw")
-    cs = [torch_c, flax_c, ours, unhoisted, proto]
+    autodiff = sorjax("lstm", B, T, H, fused_grad=False)
+    cs = [torch_c, flax_c, ours, unhoisted, autodiff]
     g = b.group(cs)
     rows = [[c.label, f_rate(c), f_pct(g.fraction(c)),
              f_x(g.ratio(c, torch_c)), f_x(g.ratio(c, flax_c)),
@@ -494,7 +497,7 @@ def section_lstm(b: Bench, rep: Report):
     rep.add(f"### {_shape((B, T, H))}\n\n{roof_line(g)}\n\n" + table(
         ["implementation", "tokens/s", "% roofline", "vs torch.nn.LSTM",
          "vs flax", "peak memory"], rows) + _errs(cs))
-    best = max([ours, unhoisted, proto], key=lambda c: c.rate or 0)
+    best = max([ours, unhoisted, autodiff], key=lambda c: c.rate or 0)
     fast.append((B, T, H, g.ratio(ours, torch_c), g.ratio(best, torch_c),
                  best))
     flax_ok.append((B, T, H, g.ratio(ours, flax_c)))
@@ -683,20 +686,50 @@ def section_scaling(b: Bench, rep: Report):
 
 def section_remat(b: Bench, rep: Report):
   B, T, H = b.profile.remat_shape
-  rep.add(f"## Rematerialisation (remat=True) at {_shape((B, T, H))}")
+  rep.add(f"## Rematerialisation at {_shape((B, T, H))}\n\nremat=True "
+          "saves only the carries; remat=\"dots\" saves matmul outputs and "
+          "recomputes the elementwise rest. Autodiff scan (fused_grad=False) "
+          "and the default path, speed and memory over no remat.")
   rows, all_cs = [], []
   for name in b.profile.remat_cells:
-    off, on = sorjax(name, B, T, H), sorjax(name, B, T, H, remat=True)
-    g = b.group([off, on], roofline=False)
-    all_cs += [off, on]
-    mem = (None if not on.peak_mb or not off.peak_mb
-           else on.peak_mb / off.peak_mb)
-    rows.append([name, f_rate(off), f_rate(on), f_x(g.ratio(on, off)),
-                 f_mb(off.peak_mb), f_mb(on.peak_mb),
-                 "-" if mem is None else f"{mem:.2f}x"])
-  rep.add(table(["cell", "tokens/s", "tokens/s remat", "speed remat/plain",
-                 "peak", "peak remat", "memory remat/plain"], rows)
-          + _errs(all_cs))
+    for fg in ((False, None) if name in specs.SPLIT else (None,)):
+      extra = {} if fg is None else {"fused_grad": fg}
+      cs = [sorjax(name, B, T, H, remat=r, **extra)
+            for r in (False, True, "dots")]
+      g = b.group(cs, roofline=False)
+      all_cs += cs
+      for c in cs:
+        mem = (None if not c.peak_mb or not cs[0].peak_mb
+               else c.peak_mb / cs[0].peak_mb)
+        rows.append([c.label.replace("sorjax ", ""), f_rate(c),
+                     f_x(g.ratio(c, cs[0])), f_mb(c.peak_mb),
+                     "-" if mem is None else f"{mem:.2f}x"])
+  rep.add(table(["cell", "tokens/s", "speed vs no remat", "peak",
+                 "memory vs no remat"], rows) + _errs(all_cs))
+
+
+def section_fused(b: Bench, rep: Report):
+  rep.add("## Batched weight gradients (fused_grad) vs autodiff\n\nThe "
+          "default path of each split cell (dW = sum_t h_{t-1}^T dz_t as one "
+          "matmul after the backward loop) against JAX's autodiff of the "
+          "scan (fused_grad=False, dW accumulated every step); fwd + bwd.")
+  names = [n for n in (b.args.cells or specs.SPLIT) if n in specs.SPLIT]
+  for (B, T, H) in b.profile.fused_shapes:
+    rows, all_cs = [], []
+    for name in names:
+      cs = [sorjax(name, B, T, H, fused_grad=True),
+            sorjax(name, B, T, H, fused_grad=False)]
+      g = b.group(cs, roofline=False)
+      all_cs += cs
+      mem = (None if not cs[0].peak_mb or not cs[1].peak_mb
+             else cs[0].peak_mb / cs[1].peak_mb)
+      rows.append([name, f_rate(cs[0]), f_rate(cs[1]),
+                   f_x(g.ratio(cs[0], cs[1])), f_mb(cs[0].peak_mb),
+                   f_mb(cs[1].peak_mb), "-" if mem is None else f"{mem:.2f}x"])
+    rep.add(f"### {_shape((B, T, H))}\n\n" + table(
+        ["cell", "tokens/s fused", "tokens/s autodiff", "speed fused/autodiff",
+         "peak fused", "peak autodiff", "memory fused/autodiff"], rows)
+        + _errs(all_cs))
 
 
 def section_unroll(b: Bench, rep: Report):
@@ -761,7 +794,8 @@ def section_gpu(b: Bench, rep: Report):
 
 RUNNERS: dict[str, Callable[[Bench, Report], None]] = {
     "lstm": section_lstm, "gemm": section_gemm, "cells": section_cells, "dyck": section_dyck,
-    "scaling": section_scaling, "remat": section_remat,
+    "fused": section_fused, "scaling": section_scaling,
+    "remat": section_remat,
     "unroll": section_unroll, "trees": section_trees, "gpu": section_gpu}
 
 
@@ -811,7 +845,8 @@ def parse_args(argv=None):
   ap.add_argument("--sections", default=",".join(SECTIONS),
                   help=f"comma-separated subset of {','.join(SECTIONS)}")
   ap.add_argument("--cells", default=None,
-                  help="comma-separated cells for the 'cells' section")
+                  help="comma-separated cells for the 'cells' and 'fused' "
+                       "sections")
   ap.add_argument("--rounds", type=int, default=None)
   ap.add_argument("--min-round-seconds", type=float, default=None)
   ap.add_argument("--mem-budget-gb", type=float, default=4.0,

@@ -20,6 +20,11 @@ TORCH_LOOP = ("mrnn", "mlstm", "mm_rnn", "attention_lstm")
 # >= 10x naive with <= 1/10 of its memory).
 TARGET_CELLS = ("mrnn", "mlstm", "mm_rnn", "attention_lstm")
 
+# Cells with a split step (sorjax.unroll's fused_grad path).
+SPLIT = ("rnn", "gru", "lstm", "mts_lstm", "tensor_rnn", "general2", "mrnn",
+         "mi_rnn", "mlstm", "attention_lstm", "assignment_lstm", "mm_rnn",
+         "mm_lstm")
+
 TENSOR_RNN_INPUT = 32  # A is [D, H, H]: D = H = 1024 would be a 4 GiB tensor
 
 
@@ -53,7 +58,6 @@ def label(spec: dict) -> str:
   base = {
       "sorjax": "sorjax {cell}",
       "naive": "naive {cell}",
-      "prototype": "prototype {cell} ({variant})",
       "torch_lstm": "torch.nn.LSTM",
       "stepmm": "{framework} per-step h @ W_h (fwd)",
       "torch_loop": "torch loop {cell}",
@@ -64,15 +68,13 @@ def label(spec: dict) -> str:
       "tree_node": "tree_lstm node-by-node",
   }[impl].format(cell=spec.get("cell", ""),
                  framework={"jax": "XLA", "torch": "torch"}.get(
-                     spec.get("framework"), ""), variant={
-      "batched_dw": "batched dW", "dots": "remat policy: save dots",
-      "nothing": "remat policy: save nothing"}.get(
-          spec.get("variant", "batched_dw"), spec.get("variant")))
+                     spec.get("framework"), ""))
   opts = []
   hp = spec.get("hparams") or {}
   if hp.get("mix") == "gates":
     opts.append("mix=gates")
-  for k, default in (("hoist", True), ("remat", False), ("unroll", 1)):
+  for k, default in (("hoist", True), ("remat", False), ("unroll", 1),
+                     ("fused_grad", None)):
     if k in spec and spec[k] != default:
       opts.append(f"{k}={spec[k]}")
   if spec.get("replicas"):

@@ -5,15 +5,40 @@ all T steps at once, one large matmul) and runs `lax.scan` over the recurrent
 part only (`cell.step`). Padded steps keep the carry and emit zeros, so the
 final carry is exact without storing every carry. `unroll_layers` stacks
 cells, a different one per layer if wanted.
+
+Split steps and batched weight gradients (`fused_grad`). A cell may split its
+step into one matmul by the recurrent state and the rest:
+
+    W, q = cell.split(params)      # W [H_rec, N]: everything the step
+                                   # multiplies the state by, fused; q: the
+                                   # other params the step needs (not W)
+    r = cell.recurrent_input(carry)          # [..., H_rec], usually carry.h
+    carry, y = cell.post(q, carry, xp, r @ W)   # == cell.step(params, ...)
+
+`jax.grad` of a scan over `step` accumulates dW += r_{t-1}^T dz_t inside the
+backward loop: T small matmuls (inner size B) plus a read-modify-write of the
+whole [H_rec, N] accumulator per step. For a split cell, `unroll` runs a scan
+with its own VJP instead: the forward saves r_{t-1}'s carry and z_t =
+r_{t-1} W; the backward loop recomputes `post` per step (elementwise, cheap)
+and carries only d carry, stacking dz_t; then dW = sum_t r_{t-1}^T dz_t is
+ONE [H_rec, T*B] x [T*B, N] matmul after the loop (what cuDNN and oneDNN
+do), and with hoist=False the input weights' gradient is one batched VJP of
+`precompute` over all steps as well. q's gradient is summed per step (it
+holds biases and, for mrnn / mlstm, the second matmul's weight, whose input
+m_t depends on z_t). Forward-mode autodiff (jvp, jacfwd) does not go through
+this path: use fused_grad=False there.
 """
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import inspect
 from typing import Any, Callable, Sequence
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 Array = jax.Array
 
@@ -54,9 +79,163 @@ def _where_tree(mask: Array, new, old):
   return jax.tree_util.tree_map(pick, new, old)
 
 
+def _masked(m: Array | None, new, y: Array, carry):
+  """Padded steps (m False) keep the carry and emit zeros."""
+  if m is None:
+    return new, y
+  return (_where_tree(m, new, carry),
+          jnp.where(m[:, None], y, jnp.zeros_like(y)))
+
+
+def _tree_add(a, b):
+  return jax.tree_util.tree_map(jnp.add, a, b)
+
+
+def supports_fused_grad(cell) -> bool:
+  """Whether `cell` defines the split step (`split`, `recurrent_input`,
+  `post`) that the batched-weight-gradient path needs."""
+  return all(callable(getattr(cell, n, None))
+             for n in ("split", "recurrent_input", "post"))
+
+
+def _remat_policy(remat):
+  """The jax.checkpoint policy of `remat` (None: no checkpoint)."""
+  if remat is True:
+    return jax.checkpoint_policies.nothing_saveable
+  if remat == "dots":
+    return jax.checkpoint_policies.dots_with_no_batch_dims_saveable
+  return None
+
+
+@dataclasses.dataclass(frozen=True)
+class _Loop:
+  """What a scan step needs besides arrays: the cell and the options."""
+  cell: Any
+  hoist: bool
+  remat: bool | str
+  unroll: int
+
+  def inputs(self, pp, s):
+    """xp of one step (or of all steps) from its slice s of the sequence."""
+    if self.hoist:
+      return s  # precomputed before the scan
+    (params, scalar), (x, aux) = pp, s
+    return self.cell.precompute(params, x, **aux, **scalar)
+
+  def post(self, q, carry, xp, z, m):
+    new, y = self.cell.post(q, carry, xp, z)
+    return _masked(m, new, y, carry)
+
+
+def _plain_scan(loop: _Loop, params, pp, seq, mask, carry):
+  """lax.scan over the step, differentiated by JAX's autodiff."""
+  cell = loop.cell
+  split = cell.split(params) if supports_fused_grad(cell) else None
+
+  def body(carry, inp):
+    s, m = inp
+    xp = loop.inputs(pp, s)
+    if split is None:
+      new, y = cell.step(params, carry, xp)
+      return _masked(m, new, y, carry)
+    W, q = split  # split once, outside the loop
+    return loop.post(q, carry, xp, cell.recurrent_input(carry) @ W, m)
+
+  policy = _remat_policy(loop.remat)
+  if policy is not None:
+    body = jax.checkpoint(body, prevent_cse=False, policy=policy)
+  return jax.lax.scan(body, carry, (seq, mask), unroll=loop.unroll)
+
+
+# -------------------------------------------- the batched-weight-gradient scan
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _fused_scan(loop: _Loop, W, q, pp, seq, mask, carry):
+  """lax.scan of `post` with z_t = recurrent_input(carry) @ W; its VJP forms
+  dW in one matmul after the backward loop."""
+  return _fused_forward(loop, W, q, pp, seq, mask, carry, save=False)[0]
+
+
+def _fused_forward(loop, W, q, pp, seq, mask, carry, save):
+  cell = loop.cell
+  keep_z = loop.remat is not True  # remat=True recomputes z_t backwards
+
+  def body(carry, inp):
+    s, m = inp
+    z = cell.recurrent_input(carry) @ W
+    new, y = loop.post(q, carry, loop.inputs(pp, s), z, m)
+    if not save:
+      return new, y
+    return new, (y, carry, z if keep_z else None)  # carry_{t-1}, z_t
+
+  final, out = jax.lax.scan(body, carry, (seq, mask), unroll=loop.unroll)
+  if not save:
+    return (final, out), None
+  ys, carries, zs = out
+  return (final, ys), (W, q, pp, seq, mask, carries, zs)
+
+
+def _fused_fwd(loop, W, q, pp, seq, mask, carry):
+  return _fused_forward(loop, W, q, pp, seq, mask, carry, save=True)
+
+
+def _fused_bwd(loop, res, cot):
+  W, q, pp, seq, mask, carries, zs = res
+  d_final, dys = cot
+  cell = loop.cell
+  Wt = W.T  # once: a per-step dot on a transposed operand is slower on CPU
+
+  def body(acc, inp):
+    d_carry, dq = acc
+    s, m, carry, z, dy = inp
+    r, r_pull = jax.vjp(cell.recurrent_input, carry)
+    if z is None:
+      z = r @ W
+    post = lambda q_, c_, xp_, z_: loop.post(q_, c_, xp_, z_, m)
+    _, pull = jax.vjp(post, q, carry, loop.inputs(pp, s), z)
+    dq_t, d_prev, dxp, dz = pull((d_carry, dy))
+    dr = dz @ Wt  # through z = r W
+    d_prev = _tree_add(d_prev, r_pull(dr)[0])
+    return (d_prev, _tree_add(dq, dq_t)), (dxp, dz)
+
+  dq0 = jax.tree_util.tree_map(jnp.zeros_like, q)
+  (d_carry, dq), (dxp, dz) = jax.lax.scan(
+      body, (d_final, dq0), (seq, mask, carries, zs, dys), reverse=True,
+      unroll=loop.unroll)
+  # dW = sum_t r_{t-1}^T dz_t: one matmul over all T*B rows.
+  r = cell.recurrent_input(carries)
+  dW = jnp.einsum("rh,rn->hn", r.reshape(-1, r.shape[-1]),
+                  dz.reshape(-1, dz.shape[-1])).astype(W.dtype)
+  if loop.hoist:
+    dpp, dseq = pp, dxp  # pp is () when hoisted
+  else:  # precompute's VJP, once over all steps
+    dpp, dseq = _vjp_inexact(loop.inputs, (pp, seq), dxp)
+  return dW, dq, dpp, dseq, None, d_carry
+
+
+_fused_scan.defvjp(_fused_fwd, _fused_bwd)
+
+
+def _vjp_inexact(f: Callable, args: tuple, ct):
+  """VJP of f w.r.t. the float leaves of args; None (zero) for the others
+  (int aux such as a cell assignment)."""
+  leaves, tree = jax.tree_util.tree_flatten(args)
+  diff = [jnp.issubdtype(l.dtype, jnp.inexact) for l in leaves]
+
+  def g(*floats):
+    it = iter(floats)
+    return f(*tree.unflatten([next(it) if d else l
+                              for l, d in zip(leaves, diff)]))
+  _, pull = jax.vjp(g, *[l for l, d in zip(leaves, diff) if d])
+  it = iter(pull(ct))
+  return tree.unflatten([next(it) if d else None for d in diff])
+
+
+# ------------------------------------------------------------------ unroll
+
 def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
-           reverse: bool = False, remat: bool = False, unroll: int = 1,
-           hoist: bool = True, **aux: Any):
+           reverse: bool = False, remat: bool | str = False, unroll: int = 1,
+           hoist: bool = True, fused_grad: bool | None = None, **aux: Any):
   """Runs `cell` over xs [B, T, D]; returns (final_carry, ys [B, T, H]).
 
   Args:
@@ -69,14 +248,36 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
     reverse: run from the last valid step to the first (per example when
       `lengths` is given, as `flax.linen.RNN(reverse=True)`); ys stay aligned
       with xs.
-    remat: rematerialise each step in the backward pass (memory for FLOPs).
+    remat: memory for FLOPs in the backward pass. False: keep what autodiff
+      keeps. True: rematerialise each step (save only the carries). "dots":
+      save only matmul outputs (`dots_with_no_batch_dims_saveable`) and
+      recompute the elementwise rest. On the fused_grad path the backward
+      loop always recomputes `post` (the elementwise rest) from the saved
+      carry and z_t, so False and "dots" are the same there and True also
+      recomputes z_t = r_{t-1} W instead of storing [T, B, N].
     unroll: `lax.scan` unroll factor.
     hoist: compute `cell.precompute` for all T before the scan (default) or
       inside the scan body, one step at a time.
+    fused_grad: batched weight gradients (see the module docstring): True
+      requires a split cell, False is JAX's autodiff of the scan, None picks
+      the fused path for split cells.
     **aux: extra inputs of the cell, scalars or [B, T] per-token arrays.
   """
   if xs.ndim != 3:
     raise ValueError(f"unroll: xs must be [B, T, D], got shape {xs.shape}")
+  if isinstance(remat, (bool, np.bool_)):
+    remat = bool(remat)
+  elif remat != "dots":
+    raise ValueError(
+        f"unroll: remat must be True, False or \"dots\", got {remat!r}")
+  if fused_grad not in (None, True, False):
+    raise ValueError(
+        f"unroll: fused_grad must be None, True or False, got {fused_grad!r}")
+  fused = supports_fused_grad(cell) if fused_grad is None else fused_grad
+  if fused and not supports_fused_grad(cell):
+    raise ValueError(
+        f"unroll: fused_grad=True needs a cell with a split step (split, "
+        f"recurrent_input, post); {type(cell).__name__} has none")
   B, T, _ = xs.shape
   per_step, scalar = _split_aux(aux, B, T)
   if lengths is not None:
@@ -103,31 +304,18 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
   if lengths is None:
     mask_tm = None
   else:
-    mask_tm = jnp.arange(T, dtype=jnp.int32)[:, None] < lengths[None, :]          # [T, B]
+    mask_tm = jnp.arange(T, dtype=jnp.int32)[:, None] < lengths[None, :]  # [T, B]
 
+  loop = _Loop(cell, hoist, remat, unroll)
   if hoist:
-    seq = cell.precompute(params, xs_tm, **per_step_tm, **scalar)
+    seq, pp = cell.precompute(params, xs_tm, **per_step_tm, **scalar), ()
   else:
-    seq = (xs_tm, per_step_tm)
-
-  def body(carry, inp):
-    if mask_tm is None:
-      xp = inp
-    else:
-      xp, m = inp
-    if not hoist:
-      x_t, aux_t = xp
-      xp = cell.precompute(params, x_t, **aux_t, **scalar)
-    new, y = cell.step(params, carry, xp)
-    if mask_tm is not None:
-      new = _where_tree(m, new, carry)
-      y = jnp.where(m[:, None], y, jnp.zeros_like(y))
-    return new, y
-
-  if remat:
-    body = jax.checkpoint(body, prevent_cse=False)
-  inputs = seq if mask_tm is None else (seq, mask_tm)
-  carry, ys = jax.lax.scan(body, carry, inputs, unroll=unroll)
+    seq, pp = (xs_tm, per_step_tm), (params, scalar)
+  if fused:
+    W, q = cell.split(params)
+    carry, ys = _fused_scan(loop, W, q, pp, seq, mask_tm, carry)
+  else:
+    carry, ys = _plain_scan(loop, params, pp, seq, mask_tm, carry)
   ys = jnp.swapaxes(ys, 0, 1)
   if reverse:
     ys = jnp.flip(ys, 1) if lengths is None else _gather_time(ys, idx)
@@ -161,8 +349,9 @@ def unroll_layers(cells: Sequence[Any], params: Sequence[Any], xs: Array,
                   carries: Sequence[Any] | None = None,
                   lengths: Array | None = None, *,
                   between: Callable[[int, Array], Array] | None = None,
-                  reverse: bool = False, remat: bool = False, unroll: int = 1,
-                  hoist: bool = True, **aux: Any):
+                  reverse: bool = False, remat: bool | str = False,
+                  unroll: int = 1, hoist: bool = True,
+                  fused_grad: bool | None = None, **aux: Any):
   """Runs a stack of cells, one scan per layer; returns (carries, ys).
 
   `between(l, ys)` transforms layer l's outputs before layer l+1 reads them
@@ -180,7 +369,8 @@ def unroll_layers(cells: Sequence[Any], params: Sequence[Any], xs: Array,
     keys = accepted_aux(cell, aux)
     unused -= keys
     c, xs = _unroll(cell, p, xs, c, lengths, reverse=reverse, remat=remat,
-                   unroll=unroll, hoist=hoist, **{k: aux[k] for k in keys})
+                   unroll=unroll, hoist=hoist, fused_grad=fused_grad,
+                   **{k: aux[k] for k in keys})
     new_carries.append(c)
     if between is not None and l + 1 < len(cells):
       xs = between(l, xs)

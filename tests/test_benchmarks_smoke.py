@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 
 import sorjax
-from benchmarks import flops, jax_worker, naive, prototypes, run, specs
+from benchmarks import flops, jax_worker, naive, run, specs
 from tests.cells.reference import intermediate_shapes
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
@@ -102,21 +102,13 @@ def test_naive_rejects_first_order_and_state_mixing():
         temperature=jnp.float32(1.0)), params)
 
 
-@pytest.mark.parametrize("name", ["lstm", "mm_rnn"])
-def test_batched_dw_prototype_has_autodiff_gradients(name):
-  """The custom-VJP prototype must give the gradients jax.grad gives for
-  sorjax.unroll (the benchmark times it as a proposal)."""
-  with jax.enable_x64(True):
-    cell, params, xs, _ = _setup(name)
-    G = jax.random.normal(jax.random.key(3), (3, 5, 6), jnp.float64)
-    ref = jax.grad(lambda p: jnp.sum(sorjax.unroll(cell, p, xs)[1] * G))
-    new = jax.grad(lambda p: jnp.sum(
-        prototypes.prototype_unroll(name)(cell, p, xs) * G))
-    g_ref, g_new = jax.jit(lambda p: (ref(p), new(p)))(params)
-  for k in g_ref:
-    np.testing.assert_allclose(g_new[k], g_ref[k], rtol=1e-9, atol=1e-12)
-  with pytest.raises(ValueError, match="'mrnn'"):
-    prototypes.prototype_unroll("mrnn")
+def test_split_cells_are_the_ones_with_a_split_step():
+  """specs.SPLIT (the 'fused' section's cells) is every cell sorjax.unroll
+  can run with fused_grad=True."""
+  from sorjax.unroll import supports_fused_grad
+  split = {n for n in run._ALL if supports_fused_grad(
+      sorjax.cells.make(n, **specs.cell_hparams(n, 8)))}
+  assert split == set(specs.SPLIT)
 
 
 def test_node_by_node_equals_level_schedule():
@@ -215,6 +207,24 @@ def test_smoke_run_jax_only(tmp_path):
       "tokens_per_step"] == 3 * 2 * 6
   assert "| skipped |" in text
   assert "vmapped replicas in <= 3x the time of one" in text
+
+
+def test_smoke_run_fused_and_remat(tmp_path):
+  out, raw = tmp_path / "r.md", tmp_path / "r.json"
+  assert run.main(["--smoke", "--no-torch", "--sections", "fused,remat",
+                   "--cells", "lstm", "--out", str(out), "--json",
+                   str(raw)]) == 0
+  fused, remat_autodiff, remat_default = _groups(raw)
+  labels = [(fused, "sorjax lstm [fused_grad=True]"),
+            (fused, "sorjax lstm [fused_grad=False]"),
+            (remat_autodiff, "sorjax mrnn [remat=dots, fused_grad=False]"),
+            (remat_default, "sorjax mrnn [remat=True]")]
+  for g, label in labels:
+    assert g[label]["error"] is None, g[label]["error"]
+    assert all(r > 0 for r in g[label]["rates"])
+  text = out.read_text()
+  assert "## Batched weight gradients" in text and "| lstm |" in text
+  assert "mrnn [remat=dots, fused_grad=False]" in text
 
 
 @needs_torch

@@ -1,0 +1,334 @@
+"""unroll's batched-weight-gradient path (fused_grad) against JAX autodiff.
+
+The reference is `unroll(..., fused_grad=False)`: JAX's own VJP of the scan,
+no custom rule (the protocol grid checks that one against finite
+differences). Sizes are all different (B=2, T=7, D=3, H=5, M=4 or 6, S=3)
+so shapes in jaxprs identify their arrays.
+"""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sorjax
+from sorjax import cells
+from sorjax.unroll import supports_fused_grad
+from tests.cells.reference import assert_no_bhh, intermediate_shapes
+
+B, T, D, H = 2, 7, 3, 5
+
+CONFIGS = {
+    "rnn": dict(hidden_size=H),
+    "lstm": dict(hidden_size=H, forget_bias=1.0),
+    "mts_lstm": dict(hidden_size=H, timescales=(1.0, 2.0, 4.0, 8.0, 16.0)),
+    "gru": dict(hidden_size=H),
+    "tensor_rnn": dict(hidden_size=H),
+    "general2": dict(hidden_size=H, intermediate_size=4),
+    "mrnn": dict(hidden_size=H, intermediate_size=6),
+    "mi_rnn": dict(hidden_size=H),
+    "mi_rnn_simple": dict(hidden_size=H, general=False),
+    "mlstm": dict(hidden_size=H, intermediate_size=6),
+    "attention_lstm": dict(hidden_size=H, num_cells=3),
+    "attention_lstm_gates": dict(hidden_size=H, num_cells=3, mix="gates"),
+    "assignment_lstm": dict(hidden_size=H, num_cells=3),
+    "mm_rnn": dict(hidden_size=H, num_matrices=4),
+    "mm_lstm": dict(hidden_size=H, num_matrices=(4, 4, 3, 3)),  # K != B
+}
+SPLIT = sorted(CONFIGS)
+
+
+def make(key):
+  name = key.replace("_simple", "").replace("_gates", "")
+  return cells.make(name, **CONFIGS[key])
+
+
+def test_every_cell_but_dyck_rnn_has_a_split_step():
+  with_split = {n for n in cells.sequence_names()
+                if supports_fused_grad(cells.make(n, **_hp(n)))}
+  assert with_split == set(cells.sequence_names()) - {"dyck_rnn"}
+
+
+def _hp(name):
+  return CONFIGS.get(name, dict(hidden_size=H, learn_embedding=True))
+
+
+def setup(key, dtype=jnp.float64, seed=0):
+  """Cell, params, xs, a non-zero initial carry, float aux, int aux. Every
+  parameter (biases and gains too) is random, so no gradient is trivially
+  zero; NumPy draws, so no per-shape RNG compiles."""
+  cell = make(key)
+  rng = np.random.default_rng(seed)
+  shapes = jax.eval_shape(lambda k: cell.init(k, D, dtype), jax.random.key(0))
+  params = {k: jnp.asarray(rng.uniform(-0.6, 0.6, v.shape), dtype)
+            for k, v in shapes.items()}
+  xs = jnp.asarray(rng.standard_normal((B, T, D)), dtype)
+  carry = jax.tree_util.tree_map(
+      lambda a: jnp.asarray(0.5 * rng.uniform(0.1, 1, a.shape), dtype),
+      jax.eval_shape(lambda p: cell.initial_carry(p, (B,)), params))
+  faux, iaux = {}, {}
+  if key.startswith("attention_lstm"):
+    faux = {"temperature": jnp.asarray(rng.uniform(0.5, 2, (B, T)), dtype)}
+  if key == "assignment_lstm":
+    iaux = {"assignment": jnp.asarray(rng.integers(0, 3, (B, T)), jnp.int32)}
+  return cell, params, xs, carry, faux, iaux
+
+
+def loss_fn(cell, iaux, w, **opts):
+  def loss(params, xs, carry, faux):
+    final, ys = sorjax.unroll(cell, params, xs, carry=carry, **opts, **faux,
+                              **iaux)
+    return jnp.sum(ys * w) + sum(jnp.sum(jnp.sin(l)) for l in
+                                 jax.tree_util.tree_leaves(final))
+  return loss
+
+
+def both_grads(key, **opts):
+  cell, params, xs, carry, faux, iaux = setup(key)
+  w = jnp.asarray(np.random.default_rng(7).standard_normal(
+      (B, T, cell.hidden_size)))
+  grads = [jax.grad(loss_fn(cell, iaux, w, fused_grad=f, **opts),
+                    argnums=(0, 1, 2, 3)) for f in (True, False)]
+  return jax.jit(lambda *a: (grads[0](*a), grads[1](*a)))(
+      params, xs, carry, faux)
+
+
+def assert_trees_close(a, b, rtol=1e-10, atol=1e-12):
+  la, lb = jax.tree_util.tree_leaves(a), jax.tree_util.tree_leaves(b)
+  assert len(la) == len(lb) and la
+  for x, y in zip(la, lb):
+    np.testing.assert_allclose(np.asarray(x), np.asarray(y), rtol=rtol,
+                               atol=atol)
+
+
+OPTIONS = {
+    "default": {},
+    "lengths_reverse": dict(lengths=jnp.array([4, T]), reverse=True),
+    "unhoisted": dict(hoist=False, lengths=jnp.array([T, 5])),
+    "unhoisted_reverse_unroll": dict(hoist=False, reverse=True, unroll=2),
+    "remat": dict(remat=True, lengths=jnp.array([2, T])),
+    "remat_dots": dict(remat="dots"),
+}
+# Every cell with masking and per-example reversal; every option on lstm;
+# the options whose code depends on the cell's inputs on the cells that
+# have them: a second matmul in post (mrnn), a traced float aux
+# (attention_lstm) and an int aux (assignment_lstm) through precompute's VJP.
+CASES = ([(k, "lengths_reverse") for k in SPLIT]
+         + [("lstm", o) for o in sorted(OPTIONS) if o != "lengths_reverse"]
+         + [("mrnn", "remat"), ("mrnn", "unhoisted"),
+            ("attention_lstm", "unhoisted_reverse_unroll"),
+            ("assignment_lstm", "unhoisted")])
+
+
+@pytest.fixture
+def fast_compile():
+  """Tiny shapes: XLA's optimisations cost more compile time than they save."""
+  before = jax.config.read("jax_disable_most_optimizations")
+  jax.config.update("jax_disable_most_optimizations", True)
+  yield
+  jax.config.update("jax_disable_most_optimizations", before)
+
+
+@pytest.mark.parametrize("key,option", CASES)
+def test_gradients_equal_autodiff(key, option, fast_compile):
+  with jax.enable_x64(True):
+    fused, plain = both_grads(key, **OPTIONS[option])
+  nonzero = [np.max(np.abs(l)) for l in jax.tree_util.tree_leaves(plain)]
+  assert min(nonzero) > 0, f"{key}: a zero reference gradient tests nothing"
+  assert_trees_close(fused, plain)
+
+
+def test_forward_is_the_same_computation():
+  with jax.enable_x64(True):
+    cell, params, xs, carry, _, _ = setup("mlstm")
+    opts = dict(carry=carry, lengths=jnp.array([T, 4]), reverse=True)
+    a = sorjax.unroll(cell, params, xs, fused_grad=True, **opts)
+    b = sorjax.unroll(cell, params, xs, fused_grad=False, **opts)
+  assert_trees_close(a, b, rtol=0, atol=0)
+
+
+@pytest.mark.parametrize("key", ["mrnn", "attention_lstm"])
+def test_gradients_under_vmap_over_params(key, fast_compile):
+  """Replicas as the Trainer runs them: vmap of grad over stacked params."""
+  with jax.enable_x64(True):
+    cell, _, xs, carry, faux, iaux = setup(key)
+    params = jax.tree_util.tree_map(
+        lambda *a: jnp.stack(a),
+        *[setup(key, seed=s)[1] for s in (1, 2)])
+    w = jnp.ones((B, T, cell.hidden_size), jnp.float64)
+    opts = dict(lengths=jnp.array([T, 4]))
+    g = lambda f: jax.grad(loss_fn(cell, iaux, w, fused_grad=f, **opts),
+                           argnums=(0, 3))
+    vm = jax.jit(jax.vmap(g(True), in_axes=(0, None, None, None)))(
+        params, xs, carry, faux)
+    for r in range(2):
+      p = jax.tree_util.tree_map(lambda a: a[r], params)
+      ref = g(False)(p, xs, carry, faux)
+      assert_trees_close(jax.tree_util.tree_map(lambda a: a[r], vm), ref)
+
+
+@pytest.mark.parametrize("key", SPLIT)
+def test_step_is_post_of_the_split_matmul(key):
+  with jax.enable_x64(True):
+    cell, params, xs, carry, faux, iaux = setup(key)
+    aux = {k: v[:, 0] for k, v in {**faux, **iaux}.items()}
+    W, q = cell.split(params)
+    assert cell.recurrent_input(carry).shape[-1] == W.shape[0]
+    # W must not also be in q: its zero per-step cotangent would be summed.
+    assert not any(l.shape == W.shape for l in jax.tree_util.tree_leaves(q))
+
+    def three(p, c, x):
+      xp = cell.precompute(p, x, **aux)
+      W, q = cell.split(p)
+      z = cell.recurrent_input(c) @ W
+      return (cell.step(p, c, xp), cell.post(q, c, xp, z),
+              cell.post(q, c, xp, jnp.zeros_like(z)))
+    ref, out, out0 = jax.jit(three)(params, carry, xs[:, 0])
+  assert_trees_close(out, ref, rtol=1e-13, atol=1e-15)
+  # ... and the recurrent matmul matters: post without it differs.
+  assert not np.allclose(out0[1], ref[1])
+
+
+# ------------------------------------------------------------------ jaxpr
+
+def _scan_bodies(jaxpr, reverse):
+  """Body jaxprs of every scan (at any depth) with the given direction."""
+  from jax.extend import core as jcore
+  out = []
+  for eqn in jaxpr.eqns:
+    if eqn.primitive.name == "scan" and eqn.params["reverse"] == reverse:
+      out.append(eqn.params["jaxpr"].jaxpr)
+    for p in eqn.params.values():
+      for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+        if isinstance(sub, jcore.ClosedJaxpr):
+          out += _scan_bodies(sub.jaxpr, reverse)
+        elif isinstance(sub, jcore.Jaxpr):
+          out += _scan_bodies(sub, reverse)
+  return out
+
+
+def _dots(jaxpr):
+  """(lhs shape, rhs shape, out shape) of the top-level dot_generals."""
+  return [(tuple(e.invars[0].aval.shape), tuple(e.invars[1].aval.shape),
+           tuple(e.outvars[0].aval.shape))
+          for e in jaxpr.eqns if e.primitive.name == "dot_general"]
+
+
+@pytest.mark.parametrize("key", ["lstm", "mm_rnn"])
+def test_backward_forms_dW_in_one_matmul_not_per_step(key):
+  cell, params, xs, carry, faux, iaux = setup(key, dtype=jnp.float32)
+  W, _ = cell.split(params)
+  w = jnp.ones((B, T, H), jnp.float32)
+
+  def grad_jaxpr(fused):
+    g = jax.grad(loss_fn(cell, iaux, w, fused_grad=fused))
+    return jax.make_jaxpr(g)(params, xs, carry, faux).jaxpr
+
+  def per_step_dW(jaxpr):  # arrays of W's shape built in a backward scan
+    return [s for body in _scan_bodies(jaxpr, reverse=True)
+            for s in intermediate_shapes_of(body) if s == W.shape]
+
+  fused, plain = grad_jaxpr(True), grad_jaxpr(False)
+  assert _scan_bodies(fused, reverse=True), "no backward scan found"
+  assert not per_step_dW(fused)
+  assert per_step_dW(plain), "the check must see autodiff's accumulator"
+  # dW = r^T dz over all T*B rows: one dot_general outside every scan.
+  assert ((T * B, H), (T * B, W.shape[1]), W.shape) in _dots(fused)
+  assert not any(d[0][0] == T * B for d in _dots(plain))
+
+
+def intermediate_shapes_of(jaxpr):
+  from jax.extend import core as jcore
+  shapes = []
+  for eqn in jaxpr.eqns:
+    shapes += [tuple(v.aval.shape) for v in eqn.outvars
+               if hasattr(v.aval, "shape")]
+    for p in eqn.params.values():
+      for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+        if isinstance(sub, jcore.ClosedJaxpr):
+          shapes += intermediate_shapes_of(sub.jaxpr)
+        elif isinstance(sub, jcore.Jaxpr):
+          shapes += intermediate_shapes_of(sub)
+  return shapes
+
+
+@pytest.mark.parametrize("key", ["general2", "mrnn", "mi_rnn", "mlstm",
+                                 "attention_lstm", "attention_lstm_gates",
+                                 "assignment_lstm", "mm_rnn", "mm_lstm"])
+def test_no_per_example_transition_through_unroll(key):
+  """Forward and backward of the fused path build no [B, H, H] array."""
+  cell, params, xs, carry, faux, iaux = setup(key, dtype=jnp.float32)
+  w = jnp.ones((B, T, H), jnp.float32)
+  g = jax.grad(loss_fn(cell, iaux, w, lengths=jnp.array([T, 4])),
+               argnums=(0, 1, 2))
+  assert_no_bhh(lambda p: g(p, xs, carry, faux), (params,), B, H)
+
+
+# ------------------------------------------------------------------ remat
+
+def _compiled(f, *args):
+  return jax.jit(f).lower(*args).compile()
+
+
+@pytest.mark.parametrize("fused", [False, True])
+def test_remat_saves_memory_and_keeps_gradients(fused):
+  cell = cells.make("lstm", hidden_size=32)
+  params = cell.init(jax.random.key(0), 16)
+  xs = jax.random.normal(jax.random.key(1), (8, 40, 16))
+
+  def grad(remat):
+    return jax.grad(lambda p: jnp.sum(sorjax.unroll(
+        cell, p, xs, remat=remat, fused_grad=fused)[1] ** 2))
+
+  compiled = {r: _compiled(grad(r), params) for r in (False, True, "dots")}
+  peak = {r: c.memory_analysis().temp_size_in_bytes
+          for r, c in compiled.items()}
+  g = {r: c(params) for r, c in compiled.items()}
+  for r in (True, "dots"):
+    assert_trees_close(g[r], g[False], rtol=1e-5, atol=1e-6)
+  assert peak[True] < peak[False]
+  if fused:  # the fused path saves only z_t and the carries already
+    assert peak["dots"] == peak[False]
+  else:
+    assert peak["dots"] < peak[False]
+
+
+# ------------------------------------------------------------------ dtypes
+
+def test_bfloat16_gradients_follow_float32():
+  cell, params, xs, carry, _, _ = setup("lstm", dtype=jnp.float32)
+  w = jnp.ones((B, T, H), jnp.float32)
+  g32 = jax.jit(jax.grad(loss_fn(cell, {}, w, fused_grad=True)))(
+      params, xs, carry, {})
+  bf = lambda t: jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), t)
+  g16 = jax.jit(jax.grad(loss_fn(cell, {}, bf(w), fused_grad=True)))(
+      bf(params), bf(xs), bf(carry), {})
+  for a, b in zip(jax.tree_util.tree_leaves(g16),
+                  jax.tree_util.tree_leaves(g32)):
+    assert a.dtype == jnp.bfloat16
+    np.testing.assert_allclose(np.asarray(a, np.float32), b, rtol=0.05,
+                               atol=0.05)
+
+
+# ------------------------------------------------------------------ errors
+
+def test_fused_grad_true_on_a_cell_without_split_is_named():
+  cell = cells.make("dyck_rnn", hidden_size=4, learn_embedding=True)
+  params = cell.init(jax.random.key(0), 2)
+  xs = jnp.zeros((2, 3, 2))
+  with pytest.raises(ValueError, match="fused_grad=True.*DyckRNN"):
+    sorjax.unroll(cell, params, xs, fused_grad=True)
+  with pytest.raises(ValueError, match="fused_grad=True.*DyckRNN"):
+    sorjax.unroll_layers((cell,), (params,), xs, fused_grad=True)
+  _, ys = sorjax.unroll(cell, params, xs)  # None: autodiff for this cell
+  assert ys.shape == (2, 3, 4)
+
+
+def test_bad_remat_and_fused_grad_values_are_named():
+  cell = cells.make("rnn", hidden_size=4)
+  params = cell.init(jax.random.key(0), 3)
+  xs = jnp.zeros((2, 5, 3))
+  with pytest.raises(ValueError, match="remat must be True, False or"):
+    sorjax.unroll(cell, params, xs, remat="everything")
+  with pytest.raises(ValueError, match="fused_grad must be None, True or"):
+    sorjax.unroll(cell, params, xs, fused_grad="yes")
