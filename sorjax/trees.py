@@ -10,7 +10,7 @@ children of W nodes across the batch, composes them at once and scatters
 the parents. `encode` decides which nodes share a step. The default
 "chunked" schedule is Hu's list schedule of width W (a node enters a step
 once its children are done, deepest first): about max(height, nodes / W)
-steps, padding only at the end. The "level" schedule composes all nodes of
+steps with little padding. The "level" schedule composes all nodes of
 height t (a leaf has height 0, a parent 1 + the larger of its children's)
 in step t; it takes exactly the largest height in steps but pads every
 level to the widest one, which costs more than it saves on a CPU
@@ -444,7 +444,7 @@ def encode(trees: Sequence[Tree | TreeArrays | Any],
   `width` slots per step: a node enters a step once both children are done,
   deepest nodes first. It takes the fewest steps any schedule of width W
   can (at least the batch's largest height, about internal nodes / W when
-  W is small) and pads only the last steps.
+  W is small); a step has empty slots only when fewer nodes are ready.
   schedule="level": step t composes every node of height t + 1; T is the
   largest height, W the widest level, and the other levels are padded to it.
 

@@ -152,8 +152,8 @@ class TreeTask:
       try:
         return trees.encode(arrs, max_leaves=L, max_steps=T, width=W)
       except trees.ScheduleError:
-        if W >= batch_size * L:   # as wide as the widest level: cannot help
-          raise
+        if W >= batch_size * L:   # every ready node runs: steps = height,
+          raise                   # so only a tree taller than T fails
         W = self._widths[batch_size] = min(2 * W, batch_size * L)
         log.info("trees: a batch of %d needs more than %d steps; width %d "
                  "from now on (one more compilation)", batch_size, T, W)
