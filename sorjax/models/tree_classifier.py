@@ -40,7 +40,7 @@ def uniform_symmetric(scale: float):
 
 
 class TreeClassifier(nn.Module):
-  """Embedding -> tree cell over a level schedule -> softmax classifier.
+  """Embedding -> tree cell over a `sorjax.trees` schedule -> classifier.
 
   Attributes:
     vocab_size: V.
@@ -50,7 +50,7 @@ class TreeClassifier(nn.Module):
     per_node: classify every node ([B, N, C] logits) rather than the root.
     embed_init: "le_zuidema" (U(-1e-4, 1e-4), sec. 3) or "normal" (N(0, 1)).
     param_dtype: dtype of every parameter.
-    remat: rematerialise each tree level in the backward pass.
+    remat: rematerialise each schedule step in the backward pass.
   """
   vocab_size: int
   num_classes: int
