@@ -165,7 +165,11 @@ def test_one_fused_recurrent_matmul_per_step():
   cell, params = make(H=H, K=K, D=D)
   jaxpr = jax.make_jaxpr(lambda p, x: sorjax.unroll(cell, p, x))(
       params, jnp.zeros((3, 6, D)))
-  scan = next(e for e in jaxpr.jaxpr.eqns if e.primitive.name == "scan")
+  eqns = list(jaxpr.jaxpr.eqns)
+  for e in jaxpr.jaxpr.eqns:  # unroll's fused_grad scan is in a custom_vjp
+    if "call_jaxpr" in e.params:
+      eqns += e.params["call_jaxpr"].jaxpr.eqns
+  scan = next(e for e in eqns if e.primitive.name == "scan")
   dots = [e for e in scan.params["jaxpr"].jaxpr.eqns
           if e.primitive.name == "dot_general"
           and tuple(e.invars[0].aval.shape) == (3, H)]
