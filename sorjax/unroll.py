@@ -98,6 +98,14 @@ def supports_fused_grad(cell) -> bool:
              for n in ("split", "recurrent_input", "post"))
 
 
+def _fused_by_default(cell) -> bool:
+  """fused_grad=None: the batched path for split cells, unless the cell
+  opts out (`fused_grad_default = False`, where it measured slower or
+  needs far more memory)."""
+  return supports_fused_grad(cell) and getattr(cell, "fused_grad_default",
+                                               True)
+
+
 def _remat_policy(remat):
   """The jax.checkpoint policy of `remat` (None: no checkpoint)."""
   if remat is True:
@@ -260,7 +268,9 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       inside the scan body, one step at a time.
     fused_grad: batched weight gradients (see the module docstring): True
       requires a split cell, False is JAX's autodiff of the scan, None picks
-      the fused path for split cells.
+      the fused path for split cells except those that opt out with
+      `fused_grad_default = False` (mlstm, tensor_rnn: measured slower or
+      much larger there).
     **aux: extra inputs of the cell, scalars or [B, T] per-token arrays.
   """
   if xs.ndim != 3:
@@ -273,7 +283,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
   if fused_grad not in (None, True, False):
     raise ValueError(
         f"unroll: fused_grad must be None, True or False, got {fused_grad!r}")
-  fused = supports_fused_grad(cell) if fused_grad is None else fused_grad
+  fused = _fused_by_default(cell) if fused_grad is None else fused_grad
   if fused and not supports_fused_grad(cell):
     raise ValueError(
         f"unroll: fused_grad=True needs a cell with a split step (split, "

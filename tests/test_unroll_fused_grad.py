@@ -49,6 +49,15 @@ def test_every_cell_but_dyck_rnn_has_a_split_step():
   assert with_split == set(cells.sequence_names()) - {"dyck_rnn"}
 
 
+@pytest.mark.parametrize("key,fused", [("lstm", True), ("mm_rnn", True),
+                                       ("mlstm", False), ("tensor_rnn", False)])
+def test_default_path_per_cell(key, fused):
+  """fused_grad=None: the custom-VJP scan unless the cell opts out."""
+  cell, params, xs, *_ = setup(key, dtype=jnp.float32)
+  eqns = jax.make_jaxpr(lambda p: sorjax.unroll(cell, p, xs))(params).eqns
+  assert any(e.primitive.name.startswith("custom_vjp") for e in eqns) == fused
+
+
 def _hp(name):
   return CONFIGS.get(name, dict(hidden_size=H, learn_embedding=True))
 
