@@ -17,16 +17,17 @@ step into one matmul by the recurrent state and the rest:
 
 `jax.grad` of a scan over `step` accumulates dW += r_{t-1}^T dz_t inside the
 backward loop: T small matmuls (inner size B) plus a read-modify-write of the
-whole [H_rec, N] accumulator per step. For a split cell, `unroll` runs a scan
-with its own VJP instead: the forward saves r_{t-1}'s carry and z_t =
-r_{t-1} W; the backward loop recomputes `post` per step (elementwise, cheap)
-and carries only d carry, stacking dz_t; then dW = sum_t r_{t-1}^T dz_t is
-ONE [H_rec, T*B] x [T*B, N] matmul after the loop (what cuDNN and oneDNN
-do), and with hoist=False the input weights' gradient is one batched VJP of
-`precompute` over all steps as well. q's gradient is summed per step (it
-holds biases and, for mrnn / mlstm, the second matmul's weight, whose input
-m_t depends on z_t). Forward-mode autodiff (jvp, jacfwd) does not go through
-this path: use fused_grad=False there.
+whole [H_rec, N] accumulator per step. For a split cell `unroll` runs a scan
+with its own VJP instead. The forward loop saves each step's incoming carry
+and z_t = r_{t-1} W. The backward loop recomputes `post` from them (its
+elementwise work, and a matmul inside `post` such as mrnn's m_t A), carries
+only the carry's cotangent and stacks dz_t; after it, dW = sum_t r_{t-1}^T
+dz_t is ONE [H_rec, T*B] x [T*B, N] matmul (what cuDNN and oneDNN do). With
+hoist=False `precompute` runs inside both loops and its parameters get one
+VJP over all steps at once. q's gradient is summed per step. A cell can opt
+out of the default with `fused_grad_default = False` (mlstm, tensor_rnn).
+Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
+fused_grad=False there.
 """
 
 from __future__ import annotations
@@ -210,12 +211,15 @@ def _fused_bwd(loop, res, cot):
   (d_carry, dq), (dxp, dz) = jax.lax.scan(
       body, (d_final, dq0), (seq, mask, carries, zs, dys), reverse=True,
       unroll=loop.unroll)
-  # dW = sum_t r_{t-1}^T dz_t: one matmul over all T*B rows.
+  # dW = sum_t r_{t-1}^T dz_t: one matmul over all T*B rows, summed in at
+  # least float32 (autodiff's per-step bfloat16 accumulator rounds T times).
   r = cell.recurrent_input(carries)
+  acc = W.dtype if jnp.finfo(W.dtype).bits >= 32 else jnp.float32
   dW = jnp.einsum("rh,rn->hn", r.reshape(-1, r.shape[-1]),
-                  dz.reshape(-1, dz.shape[-1])).astype(W.dtype)
+                  dz.reshape(-1, dz.shape[-1]),
+                  preferred_element_type=acc).astype(W.dtype)
   if loop.hoist:
-    dpp, dseq = pp, dxp  # pp is () when hoisted
+    dpp, dseq = (), dxp
   else:  # precompute's VJP, once over all steps
     dpp, dseq = _vjp_inexact(loop.inputs, (pp, seq), dxp)
   return dW, dq, dpp, dseq, None, d_carry
