@@ -24,8 +24,9 @@ elementwise work, and a matmul inside `post` such as mrnn's m_t A), carries
 only the carry's cotangent and stacks dz_t; after it, dW = sum_t r_{t-1}^T
 dz_t is ONE [H_rec, T*B] x [T*B, N] matmul (what cuDNN and oneDNN do). With
 hoist=False `precompute` runs inside both loops and its parameters get one
-VJP over all steps at once. q's gradient is summed per step. A cell can opt
-out of the default with `fused_grad_default = False` (mlstm, tensor_rnn).
+VJP over all steps at once. q's gradient is summed per step. It is the
+default for split cells of hidden_size >= FUSED_GRAD_MIN_HIDDEN; a cell can
+opt out with `fused_grad_default = False` (mlstm, tensor_rnn).
 Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
 fused_grad=False there.
 """
@@ -99,12 +100,20 @@ def supports_fused_grad(cell) -> bool:
              for n in ("split", "recurrent_input", "post"))
 
 
+# Below this hidden size a step is overhead-bound: the fused backward's extra
+# per-step work (post recomputed, dz_t and dxp_t stacked) costs more than the
+# dW accumulation it saves (lstm per core: 0.84-0.96x autodiff at H = 12-64,
+# 1.10x at H = 128).
+FUSED_GRAD_MIN_HIDDEN = 128
+
+
 def _fused_by_default(cell) -> bool:
-  """fused_grad=None: the batched path for split cells, unless the cell
-  opts out (`fused_grad_default = False`, where it measured slower or
-  needs far more memory)."""
-  return supports_fused_grad(cell) and getattr(cell, "fused_grad_default",
-                                               True)
+  """fused_grad=None: the batched path for split cells with hidden_size >=
+  FUSED_GRAD_MIN_HIDDEN, unless the cell opts out (`fused_grad_default =
+  False`, where it measured slower or needs far more memory)."""
+  return (supports_fused_grad(cell)
+          and getattr(cell, "fused_grad_default", True)
+          and cell.hidden_size >= FUSED_GRAD_MIN_HIDDEN)
 
 
 def _remat_policy(remat):
@@ -272,9 +281,9 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       inside the scan body, one step at a time.
     fused_grad: batched weight gradients (see the module docstring): True
       requires a split cell, False is JAX's autodiff of the scan, None picks
-      the fused path for split cells except those that opt out with
-      `fused_grad_default = False` (mlstm, tensor_rnn: measured slower or
-      much larger there).
+      the fused path for split cells with hidden_size >= 128 (smaller steps
+      are overhead-bound and measured slower fused), except cells that opt
+      out with `fused_grad_default = False` (mlstm, tensor_rnn).
     **aux: extra inputs of the cell, scalars or [B, T] per-token arrays.
   """
   if xs.ndim != 3:

@@ -49,12 +49,17 @@ def test_every_cell_but_dyck_rnn_has_a_split_step():
   assert with_split == set(cells.sequence_names()) - {"dyck_rnn"}
 
 
-@pytest.mark.parametrize("key,fused", [("lstm", True), ("mm_rnn", True),
-                                       ("mlstm", False), ("tensor_rnn", False)])
-def test_default_path_per_cell(key, fused):
-  """fused_grad=None: the custom-VJP scan unless the cell opts out."""
-  cell, params, xs, *_ = setup(key, dtype=jnp.float32)
-  eqns = jax.make_jaxpr(lambda p: sorjax.unroll(cell, p, xs))(params).eqns
+@pytest.mark.parametrize("key,H_,fused", [
+    ("lstm", 128, True), ("mm_rnn", 128, True), ("lstm", 127, False),
+    ("mlstm", 128, False), ("tensor_rnn", 128, False)])
+def test_default_path_per_cell_and_size(key, H_, fused):
+  """fused_grad=None: the custom-VJP scan from hidden size 128 on, unless
+  the cell opts out."""
+  cell = cells.make(key, **dict(CONFIGS[key], hidden_size=H_))
+  params = jax.eval_shape(lambda k: cell.init(k, D), jax.random.key(0))
+  xs = jax.ShapeDtypeStruct((B, T, D), jnp.float32)
+  eqns = jax.make_jaxpr(lambda p, x: sorjax.unroll(cell, p, x))(
+      params, xs).eqns
   assert any(e.primitive.name.startswith("custom_vjp") for e in eqns) == fused
 
 
@@ -268,8 +273,8 @@ def test_no_per_example_transition_through_unroll(key):
   """Forward and backward of the fused path build no [B, H, H] array."""
   cell, params, xs, carry, faux, iaux = setup(key, dtype=jnp.float32)
   w = jnp.ones((B, T, H), jnp.float32)
-  g = jax.grad(loss_fn(cell, iaux, w, lengths=jnp.array([T, 4])),
-               argnums=(0, 1, 2))
+  g = jax.grad(loss_fn(cell, iaux, w, fused_grad=True,
+                       lengths=jnp.array([T, 4])), argnums=(0, 1, 2))
   assert_no_bhh(lambda p: g(p, xs, carry, faux), (params,), B, H)
 
 
