@@ -688,11 +688,13 @@ def section_remat(b: Bench, rep: Report):
   B, T, H = b.profile.remat_shape
   rep.add(f"## Rematerialisation at {_shape((B, T, H))}\n\nremat=True "
           "saves only the carries; remat=\"dots\" saves matmul outputs and "
-          "recomputes the elementwise rest. Autodiff scan (fused_grad=False) "
-          "and the default path, speed and memory over no remat.")
+          "recomputes the elementwise rest. The autodiff scan "
+          "(fused_grad=False, the default under remat) and the batched-dW "
+          "scan (fused_grad=True: True recomputes z_t, \"dots\" is no "
+          "remat); speed and memory over no remat.")
   rows, all_cs = [], []
   for name in b.profile.remat_cells:
-    for fg in ((False, None) if name in specs.SPLIT else (None,)):
+    for fg in ((False, True) if name in specs.SPLIT else (None,)):
       extra = {} if fg is None else {"fused_grad": fg}
       cs = [sorjax(name, B, T, H, remat=r, **extra)
             for r in (False, True, "dots")]

@@ -25,8 +25,9 @@ only the carry's cotangent and stacks dz_t; after it, dW = sum_t r_{t-1}^T
 dz_t is ONE [H_rec, T*B] x [T*B, N] matmul (what cuDNN and oneDNN do). With
 hoist=False `precompute` runs inside both loops and its parameters get one
 VJP over all steps at once. q's gradient is summed per step. It is the
-default for split cells of hidden_size >= FUSED_GRAD_MIN_HIDDEN; a cell can
-opt out with `fused_grad_default = False` (mlstm, tensor_rnn).
+default for split cells of hidden_size >= FUSED_GRAD_MIN_HIDDEN without
+remat; a cell can opt out with `fused_grad_default = False` (mlstm,
+tensor_rnn).
 Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
 fused_grad=False there.
 """
@@ -107,13 +108,17 @@ def supports_fused_grad(cell) -> bool:
 FUSED_GRAD_MIN_HIDDEN = 128
 
 
-def _fused_by_default(cell) -> bool:
+def _fused_by_default(cell, remat) -> bool:
   """fused_grad=None: the batched path for split cells with hidden_size >=
   FUSED_GRAD_MIN_HIDDEN, unless the cell opts out (`fused_grad_default =
-  False`, where it measured slower or needs far more memory)."""
+  False`, where it measured slower or needs far more memory) or remat asks
+  for memory (the fused backward stacks dz_t [T, B, N], which remat on the
+  autodiff path does not keep: lstm B=32 T=200 H=512, remat=True 241 MB
+  autodiff vs 291 MB fused)."""
   return (supports_fused_grad(cell)
           and getattr(cell, "fused_grad_default", True)
-          and cell.hidden_size >= FUSED_GRAD_MIN_HIDDEN)
+          and cell.hidden_size >= FUSED_GRAD_MIN_HIDDEN
+          and remat is False)
 
 
 def _remat_policy(remat):
@@ -272,18 +277,20 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
     remat: memory for FLOPs in the backward pass. False: keep what autodiff
       keeps. True: rematerialise each step (save only the carries). "dots":
       save only matmul outputs (`dots_with_no_batch_dims_saveable`) and
-      recompute the elementwise rest. On the fused_grad path the backward
-      loop always recomputes `post` (the elementwise rest) from the saved
-      carry and z_t, so False and "dots" are the same there and True also
-      recomputes z_t = r_{t-1} W instead of storing [T, B, N].
+      recompute the elementwise rest (lstm B=32 T=200 H=512: 0.80x the
+      memory at 0.95x the speed; True 0.66x at 0.91x). With
+      fused_grad=True the backward loop always recomputes `post` from the
+      saved carry and z_t, so "dots" is False there and True recomputes
+      z_t = r_{t-1} W instead of storing it.
     unroll: `lax.scan` unroll factor.
     hoist: compute `cell.precompute` for all T before the scan (default) or
       inside the scan body, one step at a time.
     fused_grad: batched weight gradients (see the module docstring): True
       requires a split cell, False is JAX's autodiff of the scan, None picks
       the fused path for split cells with hidden_size >= 128 (smaller steps
-      are overhead-bound and measured slower fused), except cells that opt
-      out with `fused_grad_default = False` (mlstm, tensor_rnn).
+      are overhead-bound and measured slower fused) and remat=False (remat
+      asks for memory, which autodiff's remat saves more of), except cells
+      that opt out with `fused_grad_default = False` (mlstm, tensor_rnn).
     **aux: extra inputs of the cell, scalars or [B, T] per-token arrays.
   """
   if xs.ndim != 3:
@@ -296,7 +303,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
   if fused_grad not in (None, True, False):
     raise ValueError(
         f"unroll: fused_grad must be None, True or False, got {fused_grad!r}")
-  fused = _fused_by_default(cell) if fused_grad is None else fused_grad
+  fused = _fused_by_default(cell, remat) if fused_grad is None else fused_grad
   if fused and not supports_fused_grad(cell):
     raise ValueError(
         f"unroll: fused_grad=True needs a cell with a split step (split, "

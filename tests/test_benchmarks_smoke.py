@@ -214,11 +214,11 @@ def test_smoke_run_fused_and_remat(tmp_path):
   assert run.main(["--smoke", "--no-torch", "--sections", "fused,remat",
                    "--cells", "lstm", "--out", str(out), "--json",
                    str(raw)]) == 0
-  fused, remat_autodiff, remat_default = _groups(raw)
+  fused, remat_autodiff, remat_fused = _groups(raw)
   labels = [(fused, "sorjax lstm [fused_grad=True]"),
             (fused, "sorjax lstm [fused_grad=False]"),
             (remat_autodiff, "sorjax mrnn [remat=dots, fused_grad=False]"),
-            (remat_default, "sorjax mrnn [remat=True]")]
+            (remat_fused, "sorjax mrnn [remat=True, fused_grad=True]")]
   for g, label in labels:
     assert g[label]["error"] is None, g[label]["error"]
     assert all(r > 0 for r in g[label]["rates"])

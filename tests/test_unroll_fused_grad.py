@@ -49,16 +49,18 @@ def test_every_cell_but_dyck_rnn_has_a_split_step():
   assert with_split == set(cells.sequence_names()) - {"dyck_rnn"}
 
 
-@pytest.mark.parametrize("key,H_,fused", [
-    ("lstm", 128, True), ("mm_rnn", 128, True), ("lstm", 127, False),
-    ("mlstm", 128, False), ("tensor_rnn", 128, False)])
-def test_default_path_per_cell_and_size(key, H_, fused):
-  """fused_grad=None: the custom-VJP scan from hidden size 128 on, unless
-  the cell opts out."""
+@pytest.mark.parametrize("key,H_,remat,fused", [
+    ("lstm", 128, False, True), ("mm_rnn", 128, False, True),
+    ("lstm", 127, False, False), ("lstm", 128, True, False),
+    ("lstm", 128, "dots", False), ("mlstm", 128, False, False),
+    ("tensor_rnn", 128, False, False)])
+def test_default_path_per_cell_size_and_remat(key, H_, remat, fused):
+  """fused_grad=None: the custom-VJP scan from hidden size 128 on without
+  remat, unless the cell opts out."""
   cell = cells.make(key, **dict(CONFIGS[key], hidden_size=H_))
   params = jax.eval_shape(lambda k: cell.init(k, D), jax.random.key(0))
   xs = jax.ShapeDtypeStruct((B, T, D), jnp.float32)
-  eqns = jax.make_jaxpr(lambda p, x: sorjax.unroll(cell, p, x))(
+  eqns = jax.make_jaxpr(lambda p, x: sorjax.unroll(cell, p, x, remat=remat))(
       params, xs).eqns
   assert any(e.primitive.name.startswith("custom_vjp") for e in eqns) == fused
 
