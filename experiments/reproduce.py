@@ -596,6 +596,10 @@ def _wikitext2_runs(ctx: Context,
        "optim.learning_rate": 3e-3, "train.num_epochs": 1})
   if ctx.micro:
     strings = tuple(s for s in strings if s != "attention,5")
+  # Items 7 and 8 share these runs: both train into DIR/wikitext2.
+  ctx = dataclasses.replace(
+      ctx, root=os.path.join(os.path.dirname(ctx.root), "wikitext2"),
+      runs=ctx.runs)
   return {s: train(ctx, s.replace(",", ""), "lin_wikitext2", s, ov)
           for s in strings}
 

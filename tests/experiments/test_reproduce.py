@@ -112,3 +112,22 @@ def test_item_1_runs_at_micro_scale(tmp_path):
                      match="was trained with other overrides"):
     reproduce.reproduce("1", str(tmp_path / "runs"), scale="micro",
                         replicas=2)
+
+
+def test_items_7_and_8_share_the_wikitext2_runs(tmp_path, monkeypatch):
+  trained = []
+
+  def fake_train(cfg, wd):
+    os.makedirs(wd)
+    trained.append(os.path.relpath(wd, tmp_path))
+
+  monkeypatch.setattr("experiments.train.train_and_evaluate", fake_train)
+  ctx7 = reproduce.Context(str(tmp_path / "wikitext2"), "cpu", 3)
+  runs7 = reproduce._wikitext2_runs(ctx7)
+  ctx8 = reproduce.Context(str(tmp_path / "blimp"), "cpu", 3)
+  runs8 = reproduce._wikitext2_runs(ctx8, ("lstm", "attention,2"))
+  # Item 8 reads item 7's run directories; nothing is trained twice.
+  assert runs8 == {k: runs7[k] for k in ("lstm", "attention,2")}
+  assert trained == [os.path.join("wikitext2", n)
+                     for n in ("lstm", "attention2", "attention5")]
+  assert [r["name"] for r in ctx8.runs] == ["lstm", "attention2"]
