@@ -83,8 +83,10 @@ def setup(key, dtype=jnp.float64, seed=0):
       lambda a: jnp.asarray(0.5 * rng.uniform(0.1, 1, a.shape), dtype),
       jax.eval_shape(lambda p: cell.initial_carry(p, (B,)), params))
   faux, iaux = {}, {}
-  if key.startswith("attention_lstm"):
+  if key == "attention_lstm":  # one temperature per token
     faux = {"temperature": jnp.asarray(rng.uniform(0.5, 2, (B, T)), dtype)}
+  if key == "attention_lstm_gates":  # a scalar temperature
+    faux = {"temperature": jnp.asarray(0.8, dtype)}
   if key == "assignment_lstm":
     iaux = {"assignment": jnp.asarray(rng.integers(0, 3, (B, T)), jnp.int32)}
   return cell, params, xs, carry, faux, iaux
@@ -133,6 +135,7 @@ CASES = ([(k, "lengths_reverse") for k in SPLIT]
                                    "remat_dots")]
          + [("mrnn", "remat"), ("mrnn", "unhoisted"),
             ("attention_lstm", "unhoisted_reverse_unroll"),
+            ("attention_lstm_gates", "unhoisted"),
             ("assignment_lstm", "unhoisted")])
 
 
@@ -187,7 +190,8 @@ def test_gradients_under_vmap_over_params(key, fast_compile):
 def test_step_is_post_of_the_split_matmul(key):
   with jax.enable_x64(True):
     cell, params, xs, carry, faux, iaux = setup(key)
-    aux = {k: v[:, 0] for k, v in {**faux, **iaux}.items()}
+    aux = {k: (v[:, 0] if v.ndim >= 2 else v)
+           for k, v in {**faux, **iaux}.items()}
     W, q = cell.split(params)
     assert cell.recurrent_input(carry).shape[-1] == W.shape[0]
     # W must not also be in q: its zero per-step cotangent would be summed.
