@@ -38,7 +38,7 @@ OPTIONAL = {
     "model.forget_bias": float, "model.intermediate_size": int,
     "model.use_D": bool, "model.use_E": bool, "model.general": bool,
     "model.candidate_activation": str, "model.num_cells": int,
-    "model.learn_embedding": bool,
+    "model.learn_embedding": bool, "model.fused_grad": bool,
 }
 
 

@@ -64,7 +64,9 @@ class RecurrentTrunk(nn.Module):
     embedding_dropout, input_dropout, hidden_dropout, output_dropout: rates.
     locked_dropout: True (all sites), False, or a tuple of DROPOUT_SITES.
     param_dtype: dtype of every parameter (cells compute in it).
-    remat, unroll, hoist: passed to `sorjax.unroll` for every layer.
+    remat, unroll, hoist, fused_grad: passed to `sorjax.unroll` for every
+      layer (remat: False, True or "dots"; fused_grad: None picks batched
+      weight gradients where they measured faster).
   """
   cells: Sequence[Any]
   vocab_size: int
@@ -77,9 +79,10 @@ class RecurrentTrunk(nn.Module):
   output_dropout: float = 0.0
   locked_dropout: bool | Sequence[str] = False
   param_dtype: Any = jnp.float32
-  remat: bool = False
+  remat: bool | str = False
   unroll: int = 1
   hoist: bool = True
+  fused_grad: bool | None = None
 
   # ------------------------------------------------------------ validation
 
@@ -269,7 +272,8 @@ class RecurrentTrunk(nn.Module):
 
     carries, h = unroll_layers(
         self.cells, params, x, carries, lengths, between=between,
-        remat=self.remat, unroll=self.unroll, hoist=self.hoist, **aux)
+        remat=self.remat, unroll=self.unroll, hoist=self.hoist,
+        fused_grad=self.fused_grad, **aux)
     h = self._dropout(h, self.output_dropout, "output", "output_dropout",
                       deterministic)
     return h, carries, table

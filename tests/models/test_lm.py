@@ -452,3 +452,30 @@ def test_bad_inputs_are_named():
   with pytest.raises(ValueError, match="num_outputs"):
     DyckModel([make("rnn", hidden_size=5)], vocab_size=6, embed_size=3,
               head="closing")
+
+
+@pytest.mark.parametrize("options", [dict(fused_grad=True),
+                                     dict(remat="dots"),
+                                     dict(fused_grad=True, remat=True)])
+def test_trunk_passes_fused_grad_and_remat_policy_to_unroll(options):
+  """Same loss gradient as plain autodiff without remat, float32 tolerance."""
+  cells = [make("lstm", hidden_size=5),
+           make("mrnn", hidden_size=4, intermediate_size=3)]
+  toks = tokens_of(3, 6)
+  base = LanguageModel(cells, vocab_size=V, embed_size=E, fused_grad=False)
+  variables = base.init(KEY, toks)
+
+  def grads(model):
+    def loss(p):
+      logits, _ = model.apply({"params": p}, toks)
+      return optax.softmax_cross_entropy_with_integer_labels(
+          logits[:, :-1], toks[:, 1:]).mean()
+    return jax.grad(loss)(variables["params"])
+
+  want = grads(base)
+  got = grads(LanguageModel(cells, vocab_size=V, embed_size=E, **options))
+  jax.tree_util.tree_map(lambda a, b: close(a, np.asarray(b, np.float64)),
+                         got, want)
+  with pytest.raises(ValueError, match="fused_grad"):
+    LanguageModel([make("dyck_rnn", hidden_size=3)], vocab_size=V,
+                  embed_size=1, fused_grad=True).init(KEY, toks)

@@ -9,7 +9,8 @@
   budget, intermediate_ratio         solve hidden_size (and intermediate_size
                                      = ratio * hidden) for a parameter budget
   embed_size, embedding, dropouts,   RecurrentTrunk / LanguageModel fields
-  locked_dropout, tie_embedding, tie_projection, remat, unroll, hoist
+  locked_dropout, tie_embedding, tie_projection, remat, unroll, hoist,
+  fused_grad
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ CELL_HPARAMS = ("activation", "forget_bias", "intermediate_size", "use_D",
                 "num_matrices", "learn_embedding", "timescales")
 TRUNK_FIELDS = ("embed_size", "embedding", "embedding_dropout",
                 "input_dropout", "hidden_dropout", "output_dropout",
-                "locked_dropout", "remat", "unroll", "hoist")
+                "locked_dropout", "remat", "unroll", "hoist", "fused_grad")
 
 
 class ConfigError(ValueError):
@@ -42,6 +43,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       embedding_dropout=0.0, input_dropout=0.0, hidden_dropout=0.0,
       output_dropout=0.0, locked_dropout=False, tie_embedding=False,
       tie_projection=False, remat=False, unroll=1, hoist=True,
+      fused_grad=None,
       **{k: None for k in CELL_HPARAMS}))
   for k, v in overrides.items():
     if k not in c:
@@ -94,7 +96,8 @@ def trunk_kwargs(m: ml_collections.ConfigDict) -> dict[str, Any]:
         f"model.embedding_init={m.embedding_init!r} is only used by the trees "
         "task (Le & Zuidema's U(-1e-4, 1e-4)); token models initialise the "
         "embedding with N(0, 1/E)")
-  kw = {k: m[k] for k in TRUNK_FIELDS}
+  # Fields missing from an older run's config.json take the model default.
+  kw = {k: m[k] for k in TRUNK_FIELDS if k in m}
   if not isinstance(kw["locked_dropout"], bool):
     kw["locked_dropout"] = tuple(kw["locked_dropout"])
   if kw["embedding"] != "learned":
