@@ -46,6 +46,7 @@ import optax
 
 import sorjax
 from sorjax import cells
+from benchmarks.jax_worker import JaxCase
 from sorjax.fused_lstm import lstm_scan, scan_prefetch
 
 B, T, H = 10, 200, 12
@@ -65,13 +66,7 @@ class Case:
     self.args, self.stateful = list(args), stateful
     self.run(2)
 
-  def run(self, n):
-    out = None
-    for _ in range(n):
-      out = self.compiled(*self.args)
-      if self.stateful:
-        self.args[0] = out
-    jax.block_until_ready(out)
+  run = JaxCase.run    # n calls, feeding stateful outputs back
 
   def time(self, n):
     t0 = time.process_time()

@@ -241,3 +241,16 @@ def test_smoke_run_with_torch(tmp_path):
   assert groups[0]["roofline_gflops"]["torch"] > 0
   assert cs["sorjax mrnn"]["fraction"] > 0
   assert "| mrnn |" in out.read_text()
+
+
+def test_small_model_study_runs(capsys):
+  """benchmarks.small_model end to end at a tiny shape (torch: if present)."""
+  from benchmarks import small_model
+  # A study script, not library code: optax and its hand-written reference
+  # steps are not strict-promotion clean.
+  with jax.numpy_dtype_promotion("standard"), \
+       jax.numpy_rank_promotion("allow"):
+    small_model.main(["--shape", "2,3,4", "--rounds", "1", "--min-seconds",
+                      "0", "--replicas", "2"])
+  out = capsys.readouterr().out
+  assert "sorjax" in out and "replicas" in out
