@@ -48,3 +48,27 @@ def config(task: str, data: ml_collections.ConfigDict, **model):
   c.model = model_config(**model)
   c.model.assignment = None
   return c
+
+
+def lin_training(c: ml_collections.ConfigDict, temperature: bool
+                 ) -> ml_collections.ConfigDict:
+  """Lin et al.'s training setup (sec. 4, shared by their Dyck and WikiText-2
+  runs): Adam 1e-4, learning rate x0.5 after 3 epochs without improvement,
+  early stopping after 6, at most 100 epochs; with `temperature`, the
+  attention softmax's tau starts at 1, decays x0.9 per epoch and is 0.01
+  at evaluation (sec. 3.2.2)."""
+  c.optim.name = "adam"
+  c.optim.learning_rate = 1e-4
+  c.plateau.enabled = True
+  c.plateau.factor = 0.5
+  c.plateau.patience = 3
+  c.early_stopping.patience = 6
+  if temperature:
+    c.temperature.init = 1.0
+    c.temperature.decay = 0.9
+    c.temperature.per = "epoch"
+    c.temperature.eval_value = 0.01
+  c.train.num_epochs = 100   # a cap: early stopping ends the run
+  c.train.log_every = 100
+  c.train.checkpoint_every = 1000
+  return c

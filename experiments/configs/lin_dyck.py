@@ -40,19 +40,6 @@ def get_config(config_string: str = "lstm,m4"):
       num_cells=2 if second_order else None)
   if model == "assignment":
     c.model.assignment = "bracket_type"
-  c.optim.name = "adam"
-  c.optim.learning_rate = 1e-4
-  c.plateau.enabled = True
-  c.plateau.factor = 0.5
-  c.plateau.patience = 3
-  c.early_stopping.patience = 6
-  if model == "attention":
-    c.temperature.init = 1.0
-    c.temperature.decay = 0.9
-    c.temperature.per = "epoch"
-    c.temperature.eval_value = 0.01
-  c.train.num_epochs = 100   # a cap: early stopping ends the run
-  c.train.log_every = 100
-  c.train.checkpoint_every = 1000
+  common.lin_training(c, temperature=model == "attention")
   c.figures = ("ldpa",)
   return _options.overridable(c)

@@ -31,18 +31,5 @@ def get_config(config_string: str = "lstm"):
                      eval_batch_size=10, eval_bptt=70),
       cell="attention_lstm" if cells else "lstm", num_cells=cells,
       hidden_size=600, embed_size=300, input_dropout=0.5, output_dropout=0.5)
-  c.optim.name = "adam"
-  c.optim.learning_rate = 1e-4
-  c.plateau.enabled = True
-  c.plateau.factor = 0.5
-  c.plateau.patience = 3
-  c.early_stopping.patience = 6
-  if cells:
-    c.temperature.init = 1.0
-    c.temperature.decay = 0.9
-    c.temperature.per = "epoch"
-    c.temperature.eval_value = 0.01
-  c.train.num_epochs = 100   # a cap: early stopping ends the run
-  c.train.log_every = 100
-  c.train.checkpoint_every = 1000
+  common.lin_training(c, temperature=bool(cells))
   return _options.overridable(c)
