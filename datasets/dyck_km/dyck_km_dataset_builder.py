@@ -42,14 +42,7 @@ class Builder(builders.GeneratedBuilder):
   DEFAULT_CONFIG_NAME = "lin_m4"
   HOMEPAGE = "https://github.com/john-hewitt/dyckkm-learning"
   pkg_dir_path = epath.Path(__file__).parent
-
-  def preset(self) -> dyck.DyckPreset:
-    config = self.builder_config
-    name = getattr(config, "preset", "") or config.name
-    if name not in dyck.PRESETS:
-      raise ValueError(f"dyck_km/{config.name}: unknown preset {name!r}; "
-                       f"known: {sorted(dyck.PRESETS)}")
-    return dyck.PRESETS[name]
+  PRESETS = dyck.PRESETS
 
   def features(self):
     return {"tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),

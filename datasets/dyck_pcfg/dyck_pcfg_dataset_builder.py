@@ -43,14 +43,7 @@ class Builder(builders.GeneratedBuilder):
   DEFAULT_CONFIG_NAME = "mahto"
   HOMEPAGE = "https://arxiv.org/abs/1911.03329"
   pkg_dir_path = epath.Path(__file__).parent
-
-  def preset(self) -> pcfg.PCFGPreset:
-    config = self.builder_config
-    name = getattr(config, "preset", "") or config.name
-    if name not in pcfg.PRESETS:
-      raise ValueError(f"dyck_pcfg/{config.name}: unknown preset {name!r}; "
-                       f"known: {sorted(pcfg.PRESETS)}")
-    return pcfg.PRESETS[name]
+  PRESETS = pcfg.PRESETS
 
   def features(self):
     return {"tokens": tfds.features.Tensor(shape=(None,), dtype=np.int32),

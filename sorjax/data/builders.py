@@ -437,7 +437,19 @@ class GeneratedBuilder(SourceBuilder, skip_registration=True):
   """Base of the synthetic datasets: examples drawn by a seeded generator,
   no source files. Subclasses implement `features()` and
   `generate(config) -> {generator split: list of examples}` and
-  `encode(example) -> feature dict`."""
+  `encode(example) -> feature dict`. Builders whose configs name a preset
+  set `PRESETS` ({name: preset}) and read it with `preset()`."""
+
+  PRESETS: dict = {}
+
+  def preset(self):
+    """The preset named by the config's `preset` field (or its name)."""
+    config = self.builder_config
+    name = getattr(config, "preset", "") or config.name
+    if name not in self.PRESETS:
+      raise ValueError(f"{self.name}/{config.name}: unknown preset {name!r}; "
+                       f"known: {sorted(self.PRESETS)}")
+    return self.PRESETS[name]
 
   def features(self) -> dict:
     raise NotImplementedError

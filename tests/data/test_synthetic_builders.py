@@ -144,7 +144,7 @@ def test_bad_config_named(tmp_path):
     cls(config=config, data_dir=str(tmp_path),
         file_format="array_record").download_and_prepare()
   cls, config = tiny("dyck_pcfg", name="bad_preset", preset="nope")
-  with pytest.raises(ValueError, match=r"unknown preset 'nope'"):
+  with pytest.raises(ValueError, match=r"dyck_pcfg/bad_preset: unknown preset 'nope'"):
     cls(config=config, data_dir=str(tmp_path),
         file_format="array_record").download_and_prepare()
   cls, config = tiny("keyword_trees", name="bad_exp", experiment="width")
