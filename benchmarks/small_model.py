@@ -1,8 +1,9 @@
 """The small-model regime of the Dyck experiments, per core (issue 7).
 
     XLA_FLAGS="--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1" \
-      python -m benchmarks.small_model [--sections dyck,replicas,floor,codegen]
-      [--rounds 5] [--min-seconds 0.3]
+      python -m benchmarks.small_model
+      [--sections dyck,replicas,floor,codegen,paths] [--rounds 5]
+      [--min-seconds 0.3] [--path-shapes "10,200,12;32,100,256"]
 
 B=10 T=200 H=12 (D = H): Lin et al. train LSTMs of hidden 3m with batch 10,
 20 seeds each. Every JAX timing is CPU time of this process
@@ -28,6 +29,9 @@ drifts between rounds cancels. Sections:
   "R replicas in <= 3x one model" with this code generator.
 - codegen: one elementwise op in a scan, minor dimension small vs large:
   XLA:CPU emits scalar code for small minor dimensions.
+- paths: for lstm at each of --path-shapes, `fused_lstm.lstm_scan` vs the
+  generic batched-dW scan vs autodiff, and what `unroll` picks by default
+  (the measurements behind FUSED_LSTM_SMALL_HIDDEN in sorjax/unroll.py).
 """
 
 from __future__ import annotations
@@ -46,12 +50,13 @@ import optax
 
 import sorjax
 from sorjax import cells
+from sorjax.cells.lstm import LSTM
 from benchmarks.jax_worker import JaxCase
 from sorjax.fused_lstm import lstm_scan, scan_prefetch
 
 B, T, H = 10, 200, 12
 D = H
-SECTIONS = ("dyck", "replicas", "floor", "codegen")
+SECTIONS = ("dyck", "replicas", "floor", "codegen", "paths")
 
 
 # ------------------------------------------------------------------ timing
@@ -191,6 +196,29 @@ CONTENDERS = {
 }
 
 
+class _GenericLSTM(LSTM):
+  """The LSTM by another type: `fused_lstm.lstm_args` refuses it, so
+  `unroll(fused_grad=True)` runs the generic split-step scan on it."""
+
+
+def fwd_generic(p, xs):
+  cell = _GenericLSTM(hidden_size=H)
+  return sorjax.unroll(cell, p, xs, fused_grad=True)[1]
+
+
+# The paths `unroll` can take for an lstm, compared per shape (section
+# "paths"); the first is what `unroll` picks by default.
+PATHS = {
+    "unroll default": fwd_unroll(None),
+    "fused_lstm.lstm_scan": fwd_fused,
+    "generic fused_grad": fwd_generic,
+    "autodiff": fwd_unroll(False),
+}
+PATH_SHAPES = ((10, 200, 12), (10, 200, 16), (10, 200, 24), (10, 200, 32),
+               (32, 100, 64), (32, 100, 128), (32, 100, 256),
+               (64, 100, 512), (32, 200, 1024))
+
+
 def grad_case(label, fwd):
   k1, k2 = jax.random.split(jax.random.key(1))
   xs = jax.random.normal(k1, (B, T, D))
@@ -247,6 +275,29 @@ def section_dyck(args):
   print(f"## One model, forward + backward (B={B} T={T} H={H})\n")
   print(table(["implementation", "us per time step", f"speed vs {base}"],
               rows) + "\n")
+
+
+def section_paths(args):
+  """fused_lstm vs the generic batched-dW scan vs autodiff, per shape: the
+  measurements behind unroll's FUSED_LSTM_SMALL_HIDDEN and
+  FUSED_GRAD_MIN_HIDDEN for lstm."""
+  rows, before = [], (B, T, H)
+  for shape in args.path_shapes:
+    set_shape(*shape)
+    cases = [grad_case(k, f) for k, f in PATHS.items()]
+    ts = rounds(cases, args.rounds, args.min_seconds)
+    fl = "fused_lstm.lstm_scan"
+    rows.append([f"({B}, {T}, {H})",
+                 f"{B * T / statistics.median(ts[fl]):,.0f}",
+                 f"{ratio(ts, 'generic fused_grad', fl):.2f}x",
+                 f"{ratio(ts, 'autodiff', fl):.2f}x",
+                 f"{ratio(ts, 'autodiff', 'unroll default'):.2f}x"])
+    print(f"  {rows[-1]}", flush=True)
+  set_shape(*before)
+  print("## lstm paths through unroll, forward + backward\n")
+  print(table(["(B, T, H)", "lstm_scan tokens/CPU-s",
+               "lstm_scan vs generic fused_grad", "lstm_scan vs autodiff",
+               "unroll default vs autodiff"], rows) + "\n")
 
 
 def section_replicas(args):
@@ -346,7 +397,17 @@ def main(argv=None):
   ap.add_argument("--replicas", type=int, default=20)
   ap.add_argument("--shape", default=f"{B},{T},{H}",
                   help="B,T,H of every section (D = H)")
+  ap.add_argument("--path-shapes", default=";".join(
+      ",".join(map(str, s)) for s in PATH_SHAPES),
+                  help="B,T,H;B,T,H;... of the 'paths' section")
   args = ap.parse_args(argv)
+  try:
+    args.path_shapes = [tuple(int(v) for v in s.split(","))
+                        for s in args.path_shapes.split(";")]
+    assert all(len(s) == 3 and min(s) > 0 for s in args.path_shapes)
+  except (ValueError, AssertionError):
+    ap.error(f"--path-shapes: want B,T,H triples of positive ints joined by "
+             f"';', got {args.path_shapes!r}")
   try:
     shape = tuple(int(v) for v in args.shape.split(","))
     assert len(shape) == 3 and min(shape) > 0

@@ -28,6 +28,13 @@ VJP over all steps at once. q's gradient is summed per step. It is the
 default for split cells of hidden_size >= FUSED_GRAD_MIN_HIDDEN without
 remat; a cell can opt out with `fused_grad_default = False` (mlstm,
 tensor_rnn).
+
+The LSTM recurrence (`lstm`, `mts_lstm`) has a dedicated primitive,
+`sorjax.fused_lstm.lstm_scan` (transposed gate-major layout, hand-written
+VJP). `unroll` uses it whenever the generic fused path would run and, by
+default, also for hidden sizes below FUSED_LSTM_SMALL_HIDDEN, where its
+vectorised layout beats autodiff's scalar code (see `_lstm_scan_args`).
+
 Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
 fused_grad=False there.
 """
@@ -42,6 +49,8 @@ from typing import Any, Callable, Sequence
 import jax
 import jax.numpy as jnp
 import numpy as np
+
+from sorjax import fused_lstm
 
 Array = jax.Array
 
@@ -119,6 +128,29 @@ def _fused_by_default(cell, remat) -> bool:
           and getattr(cell, "fused_grad_default", True)
           and cell.hidden_size >= FUSED_GRAD_MIN_HIDDEN
           and remat is False)
+
+
+# lstm / mts_lstm through `fused_lstm.lstm_scan` by default when hidden_size
+# < FUSED_LSTM_SMALL_HIDDEN or >= FUSED_GRAD_MIN_HIDDEN. Per core, fwd + bwd,
+# against the autodiff scan (benchmarks/small_model.md, "lstm paths"):
+# 1.19-1.35x at H = 12-24, 0.87-0.89x at H = 32-64 (kept on autodiff there),
+# 1.75x at H = 128, 1.03x / 1.13x at 256 / 512, 1.41x at 1024.
+FUSED_LSTM_SMALL_HIDDEN = 32
+
+
+def _lstm_scan_args(cell, params, hoist, remat, fused_grad):
+  """(W_h, forget_bias) when unroll should run `fused_lstm.lstm_scan`, else
+  None. It replaces the generic fused path (fused_grad=True, or None with a
+  large hidden size) and, with fused_grad=None, the autodiff scan of small
+  LSTMs; it needs precompute hoisted and no remat."""
+  if not hoist or remat is not False or fused_grad is False:
+    return None
+  args = fused_lstm.lstm_args(cell, params)
+  if args is None or fused_grad is True:
+    return args
+  H = cell.hidden_size
+  small = H < FUSED_LSTM_SMALL_HIDDEN
+  return args if small or _fused_by_default(cell, remat) else None
 
 
 def _remat_policy(remat):
@@ -291,6 +323,8 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       are overhead-bound and measured slower fused) and remat=False (remat
       asks for memory, which autodiff's remat saves more of), except cells
       that opt out with `fused_grad_default = False` (mlstm, tensor_rnn).
+      lstm and mts_lstm use `fused_lstm.lstm_scan` instead of the generic
+      fused scan, and with None also below hidden size 32 (module doc).
     **aux: extra inputs of the cell, scalars or [B, T] per-token arrays.
   """
   if xs.ndim != 3:
@@ -341,7 +375,11 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
     seq, pp = cell.precompute(params, xs_tm, **per_step_tm, **scalar), ()
   else:
     seq, pp = (xs_tm, per_step_tm), (params, scalar)
-  if fused:
+  lstm = _lstm_scan_args(cell, params, hoist, remat, fused_grad)
+  if lstm is not None and T > 0:
+    carry, ys = fused_lstm.lstm_scan(lstm[0], seq, carry, lengths, lstm[1],
+                                     unroll)
+  elif fused:
     W, q = cell.split(params)
     carry, ys = _fused_scan(loop, W, q, pp, seq, mask_tm, carry)
   else:

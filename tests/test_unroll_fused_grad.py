@@ -65,6 +65,43 @@ def test_default_path_per_cell_size_and_remat(key, H_, remat, fused):
   assert any(e.primitive.name.startswith("custom_vjp") for e in eqns) == fused
 
 
+@pytest.mark.parametrize("key,H_,opts,expected", [
+    ("lstm", 12, {}, True), ("lstm", 31, {}, True), ("lstm", 32, {}, False),
+    ("lstm", 64, {}, False), ("lstm", 128, {}, True),
+    ("mts_lstm", 16, {}, True), ("lstm", 64, dict(fused_grad=True), True),
+    ("lstm", 128, dict(fused_grad=False), False),
+    ("lstm", 12, dict(remat=True), False),
+    ("lstm", 12, dict(remat="dots"), False),
+    ("lstm", 128, dict(hoist=False), False),
+    ("gru", 12, dict(fused_grad=True), False)])
+def test_lstm_cells_route_through_fused_lstm(key, H_, opts, expected,
+                                             monkeypatch):
+  """lstm / mts_lstm take `fused_lstm.lstm_scan` where it measured faster
+  (H < 32 or H >= 128 by default, and whenever fused_grad=True), never with
+  remat or unhoisted precompute; its result is what unroll returns."""
+  import importlib
+  fl = importlib.import_module("sorjax.fused_lstm")
+  calls = []
+  real = fl.lstm_scan
+
+  def spy(*a, **k):
+    calls.append(a)
+    return real(*a, **k)
+  monkeypatch.setattr(fl, "lstm_scan", spy)
+  hp = dict(CONFIGS[key], hidden_size=H_)
+  if key == "mts_lstm":
+    hp["timescales"] = tuple(float(t + 1) for t in range(H_))
+  cell = cells.make(key, **hp)
+  params = cell.init(jax.random.key(0), D)
+  xs = jax.random.normal(jax.random.key(1), (B, T, D))
+  L = jnp.asarray((T, 3), jnp.int32)
+  _, ys = sorjax.unroll(cell, params, xs, lengths=L, **opts)
+  assert bool(calls) == expected
+  if expected:  # same outputs as the autodiff scan of cell.step
+    _, ref = sorjax.unroll(cell, params, xs, lengths=L, fused_grad=False)
+    np.testing.assert_allclose(ys, ref, rtol=1e-5, atol=1e-6)
+
+
 def _hp(name):
   return CONFIGS.get(name, dict(hidden_size=H, learn_embedding=True))
 
@@ -234,7 +271,7 @@ def _dots(jaxpr):
           for e in jaxpr.eqns if e.primitive.name == "dot_general"]
 
 
-@pytest.mark.parametrize("key", ["lstm", "mm_rnn"])
+@pytest.mark.parametrize("key", ["lstm", "gru", "mm_rnn"])
 def test_backward_forms_dW_in_one_matmul_not_per_step(key):
   cell, params, xs, carry, faux, iaux = setup(key, dtype=jnp.float32)
   W, _ = cell.split(params)
@@ -252,9 +289,15 @@ def test_backward_forms_dW_in_one_matmul_not_per_step(key):
   assert _scan_bodies(fused, reverse=True), "no backward scan found"
   assert not per_step_dW(fused)
   assert per_step_dW(plain), "the check must see autodiff's accumulator"
-  # dW = r^T dz over all T*B rows: one dot_general outside every scan.
-  assert ((T * B, H), (T * B, W.shape[1]), W.shape) in _dots(fused)
-  assert not any(d[0][0] == T * B for d in _dots(plain))
+  # dW = r^T dz over all T*B rows: one dot_general outside every scan
+  # (for lstm, fused_lstm's transposed layout: dz^T [T, 4H, B] by
+  # h^T [T, H, B] contracted over t and b gives dW^T).
+  if key == "lstm":
+    one = ((T, 4 * H, B), (T, H, B), W.shape[::-1])
+    assert one in _dots(fused) and one not in _dots(plain)
+  else:
+    assert ((T * B, H), (T * B, W.shape[1]), W.shape) in _dots(fused)
+    assert not any(d[0][0] == T * B for d in _dots(plain))
 
 
 def intermediate_shapes_of(jaxpr):
@@ -292,7 +335,9 @@ def _compiled(f, *args):
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_remat_saves_memory_and_keeps_gradients(fused, fast_compile):
-  cell = cells.make("lstm", hidden_size=32)
+  # gru, not lstm: with remat=False an lstm takes fused_lstm.lstm_scan, a
+  # different scan from the one remat applies to.
+  cell = cells.make("gru", hidden_size=32)
   params = cell.init(jax.random.key(0), 16)
   xs = jax.random.normal(jax.random.key(1), (8, 40, 16))
 

@@ -13,7 +13,7 @@ from sorjax import cells
 from sorjax.cells import mts_lstm
 from tests.cells.reference import assert_no_bhh, np_params, sigmoid
 
-B, T, D, H = 2, 6, 3, 5
+B, T, D, H = 2, 7, 3, 5  # T - 1 != H too (assert_no_bhh)
 TS = (0.5, 1.0, 2.0, 3.0, 100.0)
 # eq. 5, b_f = -log(e^{1/T} - 1), worked out to 18 digits with `decimal`.
 B_F = (-1.85458654213114094, -0.541324854612918109, 0.432752129567188572,
