@@ -540,16 +540,22 @@ def item_maupome(ctx: Context) -> dict:
 
 def item_renganathan(ctx: Context) -> dict:
   """4. mmRNN / mmLSTM vs RNN / LSTM / mRNN / mLSTM at equal parameters on
-  PTB characters (Renganathan & Singh Table 2)."""
+  PTB characters (Renganathan & Singh Table 2), and LSTM vs mmLSTM trained
+  on sentences cut to their first 25 / 75 characters (Table 3; its 50 and
+  two-layer rows are the same command shape)."""
   budget = 6_000 if ctx.micro else 50_000
   ov = {**_lm_scale(ctx), "model.budget": budget, "model.embed_size": 16,
         "early_stopping.patience": 0}
   cells = ("rnn", "lstm", "mrnn", "mlstm", "mm_rnn", "mm_lstm")
   two_layer = ("rnn", "lstm", "mm_rnn", "mm_lstm")  # Table 2's 2-layer rows
+  cut_cells, cutoffs = ("lstm", "mm_lstm"), (25, 75)  # Table 3
   if ctx.micro:
     cells, two_layer = ("lstm", "mm_lstm"), ("mm_lstm",)
+    cut_cells, cutoffs = ("mm_lstm",), (25,)
   runs = [(c, c, f"char,{c}") for c in cells]
   runs += [(f"{c}_2layers", c, f"char,{c},2") for c in two_layer]
+  runs += [(f"{c}_cut{n}", c, f"char,{c},cut={n}") for n in cutoffs
+           for c in cut_cells]
   res = {}
   for name, _, config in runs:
     wd = train(ctx, name, "renganathan_ptb", config, ov)
@@ -568,12 +574,21 @@ def item_renganathan(ctx: Context) -> dict:
                 list(cells), {
                     "1 layer": [bpc(c) for c in cells],
                     "2 layers": [bpc(f"{c}_2layers") for c in cells]},
-                "bits per character")]
+                "bits per character"),
+          _bars(os.path.join(ctx.root, "cutoff_bpc.png"),
+                "Trained on sentences cut to N characters: test BPC "
+                "(whole sentences)",
+                [f"cut {n}" for n in cutoffs] + ["whole"],
+                {c: [bpc(f"{c}_cut{n}") for n in cutoffs] + [bpc(c)]
+                 for c in cut_cells}, "bits per character")]
   return {"results": res, "paper": {
       "bpc_4.5M_1layer": {"rnn": 1.419, "lstm": 1.308, "mrnn": 1.460,
                           "mlstm": 1.450, "mm_rnn": 1.361, "mm_lstm": 1.301},
       "bpc_4.5M_2layers": {"rnn": 1.369, "lstm": 1.283, "mm_rnn": 1.333,
                            "mm_lstm": 1.288},
+      "table3_bpc_4.5M_1layer": {"lstm": {25: 1.591, 50: 1.427, 75: 1.369},
+                                 "mm_lstm": {25: 1.580, 50: 1.423,
+                                             75: 1.367}},
       "note": "Renganathan & Singh Table 2 (see docs/RESULTS.md for the "
               "exact rows)"}, "figures": figs}
 

@@ -31,7 +31,7 @@ OPTIONAL = {
     "optim.end_value": float,
     "data.preset": str, "data.max_length": int, "data.data_dir": str,
     "data.manual_dir": str, "data.pad_to": int, "data.max_train_tokens": int,
-    "data.max_eval_tokens": int,
+    "data.max_eval_tokens": int, "data.train_sentence_cutoff": int,
     "model.cell": str, "model.hidden_size": int, "model.budget": int,
     "model.intermediate_ratio": float, "model.embedding_init": str,
     "model.assignment": str, "model.activation": str,
@@ -68,8 +68,10 @@ class Options:
                        f"{self.config}.py:{self.usage})")
 
   def take(self, what: str, default: str | None = None) -> str:
-    """The next part, or `default` when the string has no more parts."""
-    if self._next < len(self.parts):
+    """The next part, or `default` when the string has no more positional
+    parts (none left, or the next is a `key=value` one)."""
+    if self._next < len(self.parts) and not (
+        default is not None and "=" in self.parts[self._next]):
       value = self.parts[self._next]
       self._next += 1
       if not value:
@@ -113,6 +115,21 @@ class Options:
       self._next += 1
       return self.parts[self._next - 1][len(key) + 1:]
     return None
+
+  def keyed_number(self, key: str, what: str, cast=int):
+    """The value of a `key=<number>` next part (consumed; > 0), else None."""
+    value = self.keyed(key)
+    if value is None:
+      return None
+    try:
+      out = cast(value)
+    except ValueError:
+      kind = "an integer" if cast is int else "a number"
+      raise self.error(f"{key}=: {what} must be {kind}, got {value!r}"
+                       ) from None
+    if not out > 0:
+      raise self.error(f"{key}=: {what} must be > 0, got {value!r}")
+    return out
 
   def done(self) -> None:
     """Raises if parts are left over (nothing is ignored silently)."""

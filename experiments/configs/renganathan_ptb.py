@@ -6,12 +6,16 @@ the second-order mRNN, mLSTM and their multi-matrix mmRNN and mmLSTM.
         --config=experiments/configs/renganathan_ptb.py:char,mm_lstm,2 \\
         --workdir=DIR
 
-Config string `<level>,<cell>[,<layers>]`:
+Config string `<level>,<cell>[,<layers>][,cut=<N>]`:
   level   char  PTB characters (Mikolov's; corpus ptb_char), 4.5M
                 parameters, embeddings 128, BPC
           word  PTB words (corpus ptb), 2M parameters, embeddings 64
   cell    rnn, lstm, mrnn, mlstm, mm_rnn or mm_lstm
   layers  1 (default) or 2
+  cut=N   sec. 6.1 / Table 3: training lines cut to their first N symbols
+          (the paper: 25, 50, 75 characters, spaces included; each partial
+          line keeps its end-of-line token); valid and test stay whole
+          (data.train_sentence_cutoff)
 Table 1 runs char: rnn 1-2, lstm 1-2, mrnn 1, mlstm 1, mm_rnn 1-2,
 mm_lstm 1-2; word: rnn 1, lstm 1-2, mm_rnn 1, mm_lstm 1-2.
 
@@ -37,10 +41,11 @@ MM_LSTM_MATRICES = (4, 4, 4, 4)   # gates c, i, f, o (see the docstring)
 
 def get_config(config_string: str = "char,lstm"):
   o = _options.Options("renganathan_ptb", config_string,
-                       "<char|word>,<cell>[,<1|2>]")
+                       "<char|word>,<cell>[,<1|2>][,cut=<N>]")
   level = o.choice("level", tuple(LEVELS))
   cell = o.choice("cell", CELLS)
   layers = int(o.choice("layers", ("1", "2"), default="1"))
+  cut = o.keyed_number("cut", "the training sentence cutoff")
   o.done()
   corpus, budget, embed_size, bptt = LEVELS[level]
   c = common.config(
@@ -51,6 +56,7 @@ def get_config(config_string: str = "char,lstm"):
       output_dropout=0.25,
       intermediate_ratio=1.0 if cell in ("mrnn", "mlstm") else None,
       num_matrices=MM_LSTM_MATRICES if cell == "mm_lstm" else None)
+  c.data.train_sentence_cutoff = cut
   c.optim.name = "adam"
   c.optim.learning_rate = 1e-3
   c.optim.clip_norm = 3.5

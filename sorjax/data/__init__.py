@@ -12,7 +12,8 @@ from sorjax.data import batching, dyck, keyword_trees, markov, pcfg, \
     synthetic, tokenize, vocab
 from sorjax.data.batching import (Fold, SequenceBatch, SequenceBatcher,
                                   StreamBatch, StreamBatcher, awd_seq_len,
-                                  batchify, cut_sentences, kfold,
+                                  batchify, cut_sentences,
+                                  cut_stream_sentences, kfold,
                                   length_boundaries, lm_pairs)
 from sorjax.data.tokenize import Tokenizer, letters_only, read_lines
 from sorjax.data.vocab import Encoded, Vocab, encode_lines

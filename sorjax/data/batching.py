@@ -252,6 +252,29 @@ def cut_sentences(sequences: Sequence[Any], cutoff: int
   return [s[:cutoff] for s in out], num_cut
 
 
+def cut_stream_sentences(ids: Any, eos_id: int, cutoff: int
+                         ) -> tuple[np.ndarray, int]:
+  """`cut_sentences` on a token stream whose sentences each end in eos_id.
+
+  Every sentence keeps its first `cutoff` tokens and its end-of-sentence
+  token, so the stream still marks where each (partial) sentence ends.
+  Tokens after the last eos_id form a final sentence without one.
+
+  Returns:
+    (the cut stream, how many sentences were longer than `cutoff`).
+  """
+  ids = _as_ids("cut_stream_sentences", "ids", ids)
+  _check_int("cut_stream_sentences", "cutoff", cutoff, 1)
+  ends = np.flatnonzero(ids == eos_id)
+  pieces = np.split(ids, ends + 1)       # each ends in eos_id but the last
+  bodies = [p[:-1] if len(p) and p[-1] == eos_id else p for p in pieces]
+  cut, num_cut = cut_sentences(bodies, cutoff)
+  eos = np.asarray([eos_id], np.int32)
+  out = [np.concatenate([c, eos]) if i < len(ends) else c
+         for i, c in enumerate(cut)]
+  return np.concatenate(out).astype(np.int32), num_cut
+
+
 def length_boundaries(lengths: Any, num_buckets: int, multiple: int = 8
                       ) -> tuple[int, ...]:
   """Bucket boundaries at length quantiles, rounded up to `multiple`.

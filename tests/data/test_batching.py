@@ -6,7 +6,8 @@ import numpy as np
 import pytest
 
 from sorjax.data.batching import (SequenceBatcher, StreamBatcher, awd_seq_len,
-                                  batchify, cut_sentences, kfold,
+                                  batchify, cut_sentences,
+                                  cut_stream_sentences, kfold,
                                   length_boundaries, lm_pairs)
 
 
@@ -307,6 +308,22 @@ def test_cut_sentences_keeps_prefixes_and_counts_cuts():
   np.testing.assert_array_equal(cut[0], np.arange(25))
   with pytest.raises(ValueError, match="cutoff must be an int >= 1"):
     cut_sentences(sentences, 0)
+
+
+def test_cut_stream_sentences_keeps_each_lines_prefix_and_its_eos():
+  E = 9  # eos
+  ids = [1, 2, 3, 4, E, 5, E, E, 6, 7, 8, E, 1, 2, 3]  # last line: no eos
+  cut, num_cut = cut_stream_sentences(ids, E, 2)
+  np.testing.assert_array_equal(
+      cut, [1, 2, E, 5, E, E, 6, 7, E, 1, 2])
+  assert num_cut == 3 and cut.dtype == np.int32
+  same, n = cut_stream_sentences(ids, E, 10)  # nothing longer: unchanged
+  np.testing.assert_array_equal(same, ids)
+  assert n == 0
+  with pytest.raises(ValueError, match="cutoff must be an int >= 1"):
+    cut_stream_sentences(ids, E, 0)
+  with pytest.raises(ValueError, match="ids must be a 1-D integer array"):
+    cut_stream_sentences(np.ones((2, 2), np.int32), E, 2)
 
 
 # ================================================================== k-fold

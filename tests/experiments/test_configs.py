@@ -314,6 +314,16 @@ def test_renganathan_ptb_meets_table_1(key):
   assert abs(model.cells[0].hidden_size - TABLE1[key]) <= 0.011 * TABLE1[key]
 
 
+@pytest.mark.parametrize("string, layers, cut", [
+    ("char,lstm", 1, None), ("char,lstm,cut=25", 1, 25),
+    ("char,mm_lstm,2,cut=75", 2, 75)])
+def test_renganathan_ptb_table_3_sentence_cutoff(string, layers, cut):
+  c = renganathan_ptb.get_config(string)
+  assert c.model.num_layers == layers
+  assert c.data.train_sentence_cutoff == cut
+  assert c.early_stopping.patience == 5    # sec. 6.1: patience 5
+
+
 @pytest.mark.parametrize("cell", ["mrnn", "mlstm"])
 def test_renganathan_ptb_second_order_baselines_have_h_equal_m(cell):
   model = _lm_model(renganathan_ptb.get_config(f"char,{cell}"), 50)
@@ -419,6 +429,10 @@ def test_mahto_dyck_is_section_3_1_2(model):
     (renganathan_dyck, "m4,learned", "unexpected 'learned'"),
     (renganathan_ptb, "char,gru", "cell must be one of"),
     (renganathan_ptb, "char,lstm,3", "layers must be one of 1, 2"),
+    (renganathan_ptb, "char,lstm,cut=0", "cut=: the training sentence "
+                                         "cutoff must be > 0"),
+    (renganathan_ptb, "char,lstm,2,cut=x", "must be an integer, got 'x'"),
+    (renganathan_ptb, "char,lstm,cut=25,2", "unexpected '2'"),
     (le_zuidema_keyword, "tree_lstm,width,1", "experiment must be one of"),
     (mahto_lm, "mts,ptb,sizes=8-8", "sizes must be three ints"),
     (mahto_lm, "mts,enwik8", "corpus must be one of ptb, wikitext2"),

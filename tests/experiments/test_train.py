@@ -121,6 +121,41 @@ def test_lm_task_trains_with_tbptt_and_restores(tmp_path, shared_data,
   np.testing.assert_allclose(np.exp(lp).sum(-1), 1.0, rtol=1e-5)
 
 
+def test_lm_task_cuts_training_sentences_only(tmp_path, shared_data,
+                                              monkeypatch):
+  """data.train_sentence_cutoff (Renganathan & Singh 6.1): every training
+  line keeps its first N characters and its end of line; valid and test
+  stay whole."""
+  monkeypatch.setenv("SORJAX_DATA_DIR", shared_data)
+  from experiments.configs import renganathan_ptb
+  from sorjax.training.tasks import make_task
+  cfg = renganathan_ptb.get_config("char,lstm,cut=25")
+  cfg.data.data_dir = str(tmp_path / "tfds")
+  cfg.model.budget, cfg.model.embed_size = 2000, 4
+  whole = renganathan_ptb.get_config("char,lstm")
+  whole.data.data_dir = cfg.data.data_dir
+  whole.model.budget, whole.model.embed_size = 2000, 4
+  cut, full = make_task(cfg), make_task(whole)
+  eos = cut.vocab.eos_id
+
+  def lines(ids):
+    ends = np.flatnonzero(ids == eos)
+    return np.split(ids, ends + 1)[:len(ends)]  # each with its eos
+  full_lines, cut_lines = lines(full.split_ids["train"]), lines(
+      cut.split_ids["train"])
+  assert len(cut_lines) == len(full_lines) > 40_000
+  for f, c in zip(full_lines, cut_lines):
+    np.testing.assert_array_equal(c, np.append(f[:-1][:25], eos))
+  assert cut.num_cut == sum(len(f) - 1 > 25 for f in full_lines) > 0
+  for split in ("valid", "test"):
+    np.testing.assert_array_equal(cut.split_ids[split],
+                                  full.split_ids[split])
+  bad = renganathan_ptb.get_config("char,lstm")
+  bad.data.data_dir, bad.data.train_sentence_cutoff = cfg.data.data_dir, 0
+  with pytest.raises(ConfigError, match="data.train_sentence_cutoff"):
+    make_task(bad)
+
+
 def test_trees_task_runs_a_keyword_experiment(tmp_path):
   from tests.experiments import tiny_trees
   state = train.train_and_evaluate(tiny_trees.get_config(), str(tmp_path))

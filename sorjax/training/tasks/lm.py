@@ -37,6 +37,14 @@ class LanguageModelTask(ModelTask):
             d.corpus, s, d.data_dir, manual_dir=d.manual_dir)[0]
     except (FileNotFoundError, ValueError, KeyError) as e:
       raise ConfigError(f"data.corpus={d.corpus!r}: {e}") from None
+    cutoff = d.get("train_sentence_cutoff")
+    if cutoff is not None:  # Renganathan & Singh 6.1: partial training lines
+      if isinstance(cutoff, bool) or not isinstance(cutoff, int) \
+          or cutoff < 1:
+        raise ConfigError(f"data.train_sentence_cutoff must be an int >= 1 "
+                          f"(or None), got {cutoff!r}")
+      self.split_ids["train"], self.num_cut = batching.cut_stream_sentences(
+          self.split_ids["train"], self.vocab.eos_id, cutoff)
     if d.max_train_tokens:   # CPU-scale runs: a prefix of each split
       self.split_ids = {s: v[:d.max_train_tokens if s == "train" else
                              d.max_eval_tokens or len(v)]
