@@ -556,9 +556,14 @@ def item_renganathan(ctx: Context) -> dict:
   runs += [(f"{c}_2layers", c, f"char,{c},2") for c in two_layer]
   runs += [(f"{c}_cut{n}", c, f"char,{c},cut={n}") for n in cutoffs
            for c in cut_cells]
+  # At 50k parameters one hidden unit of a 2-layer mmRNN / mmLSTM is 2.7% /
+  # 5.3% of the budget: no size is within the default 1% (mm_lstm H = 34:
+  # -2.7%, 35: +2.6%), so the 2-layer rows take the closest within 3%.
+  ov2 = {**ov, "model.budget_tol": 0.03}
   res = {}
   for name, _, config in runs:
-    wd = train(ctx, name, "renganathan_ptb", config, ov)
+    wd = train(ctx, name, "renganathan_ptb", config,
+               ov2 if name.endswith("_2layers") else ov)
     rows = per_replica(wd)
     res[name] = {"per_replica": rows, **summarise(rows, ("loss",
                                                          "best_epoch")),

@@ -324,6 +324,23 @@ def test_renganathan_ptb_table_3_sentence_cutoff(string, layers, cut):
   assert c.early_stopping.patience == 5    # sec. 6.1: patience 5
 
 
+def test_budget_tolerance_is_a_model_field():
+  """model.budget_tol: at 50k parameters one unit of a two-layer mmRNN
+  moves the count by ~2.7%, so only a 2% tolerance finds a size."""
+  c = renganathan_ptb.get_config("char,mm_rnn,2")
+  c.model.budget, c.model.embed_size = 50_000, 16
+  with pytest.raises(ConfigError, match=r"within 1.0%: H=69 gives 49,315"):
+    _lm_model(c, 50)
+  c.model.budget_tol = 0.02
+  model = _lm_model(c, 50)
+  assert model.cells[0].hidden_size == 70      # 50,646: the closer one
+  assert budget.count(model) == 50_646
+  for bad in (0.0, 1.5, -0.01):  # ConfigDict itself refuses non-floats
+    c.model.budget_tol = bad
+    with pytest.raises(ConfigError, match="model.budget_tol must be"):
+      _lm_model(c, 50)
+
+
 @pytest.mark.parametrize("cell", ["mrnn", "mlstm"])
 def test_renganathan_ptb_second_order_baselines_have_h_equal_m(cell):
   model = _lm_model(renganathan_ptb.get_config(f"char,{cell}"), 50)

@@ -38,7 +38,7 @@ class ConfigError(ValueError):
 def model_config(**overrides) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(dict(
       cell="lstm", hidden_size=64, num_layers=1, layers=None,
-      budget=None, intermediate_ratio=None,
+      budget=None, budget_tol=0.01, intermediate_ratio=None,
       embed_size=32, embedding="learned", embedding_init=None,
       embedding_dropout=0.0, input_dropout=0.0, hidden_dropout=0.0,
       output_dropout=0.0, locked_dropout=False, tie_embedding=False,
@@ -108,20 +108,26 @@ def trunk_kwargs(m: ml_collections.ConfigDict) -> dict[str, Any]:
 def build_model(m: ml_collections.ConfigDict,
                 factory: Callable[[tuple], Any]):
   """factory(cells) -> model; with model.budget set, hidden_size (and
-  intermediate_size at model.intermediate_ratio) are solved to meet it."""
+  intermediate_size at model.intermediate_ratio) are solved to meet it
+  within model.budget_tol (relative; 1% by default)."""
   if m.budget is None:
     return _checked(factory, make_cells(m))
   if m.layers:
     raise ConfigError("model.budget solves one uniform stack; it cannot be "
                       "combined with model.layers")
   ratio = m.intermediate_ratio
+  tol = m.get("budget_tol", 0.01)  # older config.json files lack the field
+  if isinstance(tol, bool) or not isinstance(tol, (int, float)) \
+      or not 0 < tol < 1:
+    raise ConfigError(f"model.budget_tol must be a number in (0, 1), got "
+                      f"{tol!r}")
   try:
     if ratio is None:
       return budget_lib.solve(lambda H: _checked(factory, make_cells(m, H)),
-                              m.budget)
+                              m.budget, tol=tol)
     return budget_lib.solve(
         lambda H, M: _checked(factory, make_cells(m, H, M)), m.budget,
-        ratio=ratio)
+        ratio=ratio, tol=tol)
   except ValueError as e:
     if isinstance(e, ConfigError):
       raise
