@@ -203,8 +203,9 @@ class Vocab:
   def save(self, path) -> epath.Path:
     """Writes JSON to `path` (a file, or a directory: `<path>/vocab.json`).
 
-    The write is atomic (temporary file, then rename), so a run killed
-    mid-write never leaves a truncated vocabulary. Returns the file path.
+    The write is atomic (temporary file, then rename over any existing
+    file), so a run killed mid-write never leaves a truncated vocabulary.
+    Returns the file path.
     """
     path = _file(path)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -213,7 +214,7 @@ class Vocab:
                "counts": None if self.counts is None else list(self.counts)}
     tmp = path.parent / (path.name + ".tmp")
     tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=0))
-    tmp.rename(path)
+    tmp.replace(path)  # over an existing file too (a resumed run)
     return path
 
   @classmethod

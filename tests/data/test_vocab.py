@@ -91,6 +91,10 @@ def test_round_trip_through_a_run_directory(tmp_path):
   # An explicit file name, non-ASCII symbols, no unk.
   w = Vocab(["été", "日本", "\n"], eos="\n", unk=None)
   assert Vocab.load(w.save(tmp_path / "w.json")) == w
+  # Saving again over an existing file (a resumed run saves its vocabulary
+  # at every start) replaces it.
+  assert Vocab.load(w.save(run_dir)) == w
+  assert not os.path.exists(str(path) + ".tmp")
 
 
 @pytest.mark.parametrize("payload, match", [
