@@ -25,9 +25,16 @@ Dropout sites (rates in [0, 1), rng stream "dropout"):
 `locked_dropout` (True, or a tuple of "input", "hidden", "output") draws one
 mask per sequence shared across time at those sites (variational / locked
 dropout, Gal & Ghahramani 2016; AWD-LSTM).
+`weight_drop` is DropConnect on each layer's hidden-to-hidden matrix
+(AWD-LSTM's "wdrop", Merity et al. 2018): one Bernoulli mask per call over
+the parameter that the cell's `split` returns as its recurrent matrix
+(lstm / mts_lstm / gru: W_h; rnn: W), scaled 1/(1-p), the same at every time
+step and for every example.
 
-The embedded inputs (after embedding dropout) are sown as
-intermediates["embedded"]: `apply(..., mutable="intermediates")` returns them.
+Sown as intermediates (`apply(..., mutable="intermediates")` returns them):
+"embedded", the embedded inputs after embedding dropout; "last_outputs" and
+"last_outputs_dropped", the last layer's outputs before and after output
+dropout (AWD-LSTM's TAR and AR penalties read them).
 """
 
 from __future__ import annotations
@@ -63,6 +70,7 @@ class RecurrentTrunk(nn.Module):
       read-only, hashable `Constant` copy; only `init` reads it).
     embedding_dropout, input_dropout, hidden_dropout, output_dropout: rates.
     locked_dropout: True (all sites), False, or a tuple of DROPOUT_SITES.
+    weight_drop: DropConnect rate on every layer's recurrent matrix.
     param_dtype: dtype of every parameter (cells compute in it).
     remat, unroll, hoist, fused_grad: passed to `sorjax.unroll` for every
       layer (remat: False, True or "dots"; fused_grad: None picks batched
@@ -78,6 +86,7 @@ class RecurrentTrunk(nn.Module):
   hidden_dropout: float = 0.0
   output_dropout: float = 0.0
   locked_dropout: bool | Sequence[str] = False
+  weight_drop: float = 0.0
   param_dtype: Any = jnp.float32
   remat: bool | str = False
   unroll: int = 1
@@ -135,7 +144,7 @@ class RecurrentTrunk(nn.Module):
           f"embed_size={self.embed_size} contradicts embedding="
           f"{self.embedding!r}, whose size is {self.input_size}")
     for name in ("embedding_dropout", "input_dropout", "hidden_dropout",
-                 "output_dropout"):
+                 "output_dropout", "weight_drop"):
       rate = getattr(self, name)
       if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
           0.0 <= rate < 1.0):
@@ -147,6 +156,13 @@ class RecurrentTrunk(nn.Module):
             f"locked_dropout must be a bool or a tuple of {DROPOUT_SITES}; "
             f"unknown sites {bad}")
     base.check_positive_int(type(self).__name__, "unroll", self.unroll)
+    if self.weight_drop > 0.0:  # every layer must have a matrix to drop
+      for l, (cell, n) in enumerate(zip(self.cells,
+                                        self.layer_input_sizes())):
+        def check(key, l=l, cell=cell, n=n):  # shapes only, no compute
+          self._recurrent_name(l, cell, cell.init(key, n))
+          return jnp.zeros(())
+        jax.eval_shape(check, jax.random.key(0))
 
   # ------------------------------------------------------------ sizes
 
@@ -266,6 +282,10 @@ class RecurrentTrunk(nn.Module):
             k, n, self.param_dtype))
         for l, (c, n) in enumerate(zip(self.cells, self.layer_input_sizes())))
 
+    if self.weight_drop > 0.0 and not deterministic:
+      params = tuple(self._weight_drop(l, c, p) for l, (c, p) in
+                     enumerate(zip(self.cells, params)))
+
     def between(l, ys):
       return self._dropout(ys, self.hidden_dropout, "hidden",
                            f"hidden_dropout_{l}", deterministic)
@@ -274,6 +294,31 @@ class RecurrentTrunk(nn.Module):
         self.cells, params, x, carries, lengths, between=between,
         remat=self.remat, unroll=self.unroll, hoist=self.hoist,
         fused_grad=self.fused_grad, **aux)
+    self.sow("intermediates", "last_outputs", h)
     h = self._dropout(h, self.output_dropout, "output", "output_dropout",
                       deterministic)
+    self.sow("intermediates", "last_outputs_dropped", h)
     return h, carries, table
+
+  def _weight_drop(self, l: int, cell, params: dict) -> dict:
+    """params of layer l with DropConnect on its recurrent matrix: the
+    parameter `cell.split` returns as W (one mask, scaled 1/(1-p))."""
+    name = self._recurrent_name(l, cell, params)
+    W, p = params[name], self.weight_drop
+    keep = jax.random.bernoulli(self.make_rng("dropout"), 1.0 - p, W.shape)
+    dropped = jnp.where(keep, W / (1.0 - p), jnp.zeros_like(W))
+    return {**params, name: dropped.astype(W.dtype)}
+
+  def _recurrent_name(self, l: int, cell, params: dict) -> str:
+    """The name of the parameter that `cell.split` returns as its recurrent
+    matrix W (the same array, not one built from several)."""
+    split = getattr(cell, "split", None)
+    W = split(params)[0] if callable(split) else None
+    names = [k for k, v in params.items() if v is W]
+    if len(names) != 1:
+      raise self._error(
+          f"weight_drop: cells[{l}] ({type(cell).__name__}) has no single "
+          "recurrent matrix parameter to drop (its split step builds W from "
+          "several parameters, or it has none); use weight_drop=0 or a cell "
+          "such as lstm, mts_lstm, gru, rnn")
+    return names[0]

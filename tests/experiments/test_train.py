@@ -156,6 +156,34 @@ def test_lm_task_cuts_training_sentences_only(tmp_path, shared_data,
     make_task(bad)
 
 
+def test_lm_loss_adds_ar_and_tar_when_training(tmp_path, shared_data,
+                                               monkeypatch):
+  """model.activation_reg / temporal_activation_reg (AWD-LSTM's alpha,
+  beta) add alpha AR + beta TAR to the training loss, not to evaluation;
+  model.weight_drop trains through a dropped W_h."""
+  monkeypatch.setenv("SORJAX_DATA_DIR", shared_data)
+  from tests.experiments import tiny_lm
+  from sorjax.training.tasks import make_task
+  cfg = tiny_lm.get_config()
+  cfg.data.data_dir = str(tmp_path / "tfds")
+  cfg.model.weight_drop, cfg.model.output_dropout = 0.5, 0.3
+  cfg.model.activation_reg, cfg.model.temporal_activation_reg = 2.0, 1.0
+  task = make_task(cfg)
+  params = task.init_params(jax.random.key(0))
+  batch, _ = next(task.train_batches(0, None))
+  carry = task.init_carry(params)
+  rng = jax.random.key(3)
+  loss, (_, m) = task.loss(params, carry, batch, rng, 1.0, True)
+  assert float(m["ar"]) > 0 and float(m["tar"]) > 0
+  task.ar = task.tar = 0.0     # the same draw without the penalties
+  plain, _ = task.loss(params, carry, batch, rng, 1.0, True)
+  np.testing.assert_allclose(loss, plain + 2.0 * m["ar"] + m["tar"],
+                             rtol=1e-5)
+  task.ar, task.tar = 2.0, 1.0
+  _, (_, m_eval) = task.loss(params, carry, batch, None, 1.0, False)
+  assert m_eval == {}
+
+
 def test_trees_task_runs_a_keyword_experiment(tmp_path):
   from tests.experiments import tiny_trees
   state = train.train_and_evaluate(tiny_trees.get_config(), str(tmp_path))

@@ -326,6 +326,50 @@ def test_embedding_dropout_drops_word_types():
   close(state["intermediates"]["embedded"][0], table[ids])
 
 
+def test_weight_drop_is_one_dropconnect_mask_on_the_recurrent_matrix():
+  """AWD-LSTM's wdrop: the rnn's W (its split's recurrent matrix) is
+  masked once per call, kept entries scaled 1/(1-p), the same mask at every
+  step and for every example; U and the embedding are untouched."""
+  model = LanguageModel([make("rnn", hidden_size=12)], vocab_size=V,
+                        embed_size=E, weight_drop=0.5)
+  toks = tokens_of(3, 6)
+  variables = model.init(KEY, toks)
+  p = jax.tree_util.tree_map(np.asarray, variables["params"]["layer_0"])
+  rng = jax.random.key(5)
+  _, inter = model.apply(variables, toks, deterministic=False,
+                         rngs={"dropout": rng}, mutable="intermediates")
+  x = np.asarray(inter["intermediates"]["embedded"][0], np.float64)
+  h = np.asarray(inter["intermediates"]["last_outputs"][0], np.float64)
+  # Recover the mask: the trunk draws it from the "dropout" stream; find
+  # the W' with h_t = tanh(x_t U + h_{t-1} W' + b) by least squares, then
+  # check W' is W with about half its entries zeroed and the rest doubled.
+  pre = np.arctanh(np.clip(h, -1 + 1e-12, 1 - 1e-12)) - x @ p["U"] - p["b"]
+  prev = np.concatenate([np.zeros_like(h[:, :1]), h[:, :-1]], 1)
+  Wd, *_ = np.linalg.lstsq(prev.reshape(-1, 12), pre.reshape(-1, 12),
+                           rcond=None)
+  kept = np.abs(Wd) > 1e-4
+  assert 0.25 < kept.mean() < 0.75
+  close(Wd[kept], 2.0 * p["W"][kept], tol=1e-3)
+  close(h, rnn_hidden({**p, "W": np.where(kept, 2.0 * p["W"], 0.0)}, x),
+        tol=1e-4)
+  # Deterministic: the full W (no other dropout here, so x = E[tokens]).
+  _, inter = model.apply(variables, toks, mutable="intermediates")
+  close(inter["intermediates"]["last_outputs"][0], rnn_hidden(p, x))
+
+
+def test_weight_drop_needs_a_single_recurrent_matrix():
+  LanguageModel([make("lstm", hidden_size=5), make("gru", hidden_size=5)],
+                vocab_size=V, embed_size=E, weight_drop=0.3)   # fine
+  with pytest.raises(ValueError, match=r"weight_drop: cells\[1\] \(MMRNN\) "
+                     "has no single recurrent matrix"):
+    LanguageModel([make("lstm", hidden_size=5),
+                   make("mm_rnn", hidden_size=5, num_matrices=2)],
+                  vocab_size=V, embed_size=E, weight_drop=0.3)
+  with pytest.raises(ValueError, match="weight_drop must be a rate"):
+    LanguageModel([make("lstm", hidden_size=5)], vocab_size=V,
+                  embed_size=E, weight_drop=1.0)
+
+
 # ---------------------------------------------------------------- state
 
 def test_carry_passthrough_equals_one_long_sequence():

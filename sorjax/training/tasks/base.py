@@ -87,11 +87,13 @@ class ModelTask:
         "params"]
 
   def apply(self, params, tokens, lengths=None, carries=None, *, rng=None,
-            temperature=1.0):
+            temperature=1.0, mutable=False):
+    """The model on tokens; with `mutable` (e.g. ["intermediates"]) the
+    result is (output, sown variables), as flax's apply."""
     variables = {"params": params, **self.constants}
     return self.model.apply(
         variables, tokens, carries, lengths, deterministic=rng is None,
-        rngs=None if rng is None else {"dropout": rng},
+        rngs=None if rng is None else {"dropout": rng}, mutable=mutable,
         **self.aux_inputs(tokens, temperature))
 
 

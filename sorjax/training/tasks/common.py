@@ -28,7 +28,8 @@ CELL_HPARAMS = ("activation", "forget_bias", "intermediate_size", "use_D",
                 "num_matrices", "learn_embedding", "timescales")
 TRUNK_FIELDS = ("embed_size", "embedding", "embedding_dropout",
                 "input_dropout", "hidden_dropout", "output_dropout",
-                "locked_dropout", "remat", "unroll", "hoist", "fused_grad")
+                "locked_dropout", "weight_drop", "remat", "unroll", "hoist",
+                "fused_grad")
 
 
 class ConfigError(ValueError):
@@ -41,7 +42,9 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       budget=None, budget_tol=0.01, intermediate_ratio=None,
       embed_size=32, embedding="learned", embedding_init=None,
       embedding_dropout=0.0, input_dropout=0.0, hidden_dropout=0.0,
-      output_dropout=0.0, locked_dropout=False, tie_embedding=False,
+      output_dropout=0.0, locked_dropout=False, weight_drop=0.0,
+      activation_reg=0.0, temporal_activation_reg=0.0,
+      tie_embedding=False,
       tie_projection=False, remat=False, unroll=1, hoist=True,
       fused_grad=None,
       **{k: None for k in CELL_HPARAMS}))
@@ -90,7 +93,30 @@ def make_cells(m: ml_collections.ConfigDict, hidden_size: int | None = None,
   return tuple(_make_cell(layer, "model") for _ in range(m.num_layers))
 
 
-def trunk_kwargs(m: ml_collections.ConfigDict) -> dict[str, Any]:
+ACTIVATION_REGS = ("activation_reg", "temporal_activation_reg")
+
+
+def activation_regs(m: ml_collections.ConfigDict) -> tuple[float, float]:
+  """(alpha, beta) of AWD-LSTM's activation and temporal activation
+  regularisation, checked (0 when an older config.json lacks them)."""
+  out = []
+  for name in ACTIVATION_REGS:
+    v = m.get(name, 0.0)
+    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
+      raise ConfigError(f"model.{name} must be a number >= 0, got {v!r}")
+    out.append(float(v))
+  return tuple(out)
+
+
+def trunk_kwargs(m: ml_collections.ConfigDict,
+                 activation_reg: bool = False) -> dict[str, Any]:
+  """The RecurrentTrunk fields of model config m. activation_reg: whether
+  the task reads model.activation_reg / temporal_activation_reg (the LM
+  task); elsewhere a non-zero value is an error, not silently ignored."""
+  if not activation_reg and any(activation_regs(m)):
+    raise ConfigError(
+        "model.activation_reg / model.temporal_activation_reg are read by "
+        "the lm task only; set them to 0 for this task")
   if m.get("embedding_init") is not None:
     raise ConfigError(
         f"model.embedding_init={m.embedding_init!r} is only used by the trees "

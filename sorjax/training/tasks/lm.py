@@ -19,8 +19,22 @@ import optax
 from sorjax.data import batching, corpora
 from sorjax.models import LanguageModel
 from sorjax.training.tasks.base import ModelTask, masked_mean, step_mask
-from sorjax.training.tasks.common import ConfigError, build_model, \
-    trunk_kwargs
+from sorjax.training.tasks.common import ConfigError, activation_regs, \
+    build_model, trunk_kwargs
+
+
+def activation_penalties(sown: dict, mask) -> tuple[jax.Array, jax.Array]:
+  """AWD-LSTM's AR and TAR (Merity et al. 2018, sec. 4.6) over valid steps:
+  AR = mean of the squared last-layer outputs after output dropout, TAR =
+  mean of (h_t - h_{t-1})^2 of the outputs before it (pairs of valid
+  steps); means over tokens and units, as `x.pow(2).mean()`."""
+  dropped = sown["last_outputs_dropped"][0].astype(jnp.float32)
+  raw = sown["last_outputs"][0].astype(jnp.float32)
+  ar = masked_mean(jnp.mean(dropped ** 2, -1), mask)
+  diff = jnp.mean((raw[:, 1:] - raw[:, :-1]) ** 2, -1)
+  tar = masked_mean(diff, mask[:, 1:]) if raw.shape[1] > 1 else \
+      jnp.zeros((), jnp.float32)
+  return ar, tar
 
 
 class LanguageModelTask(ModelTask):
@@ -57,7 +71,8 @@ class LanguageModelTask(ModelTask):
     self._setup_model(build_model(config.model, lambda cells: LanguageModel(
         cells=cells, vocab_size=V, tie_embedding=config.model.tie_embedding,
         tie_projection=config.model.tie_projection,
-        **trunk_kwargs(config.model))), config)
+        **trunk_kwargs(config.model, activation_reg=True))), config)
+    self.ar, self.tar = activation_regs(config.model)
     self.bits = d.corpus.startswith(("ptb_char", "tinyshakespeare"))
     # Characters per symbol, so bits per *character* also holds for the
     # character-bigram corpus (Maupome & Meurs 4.2); <eos> is one newline.
@@ -105,13 +120,21 @@ class LanguageModelTask(ModelTask):
     init = self.model.initial_carries(params, self.data_cfg.batch_size)
     carry = jax.tree_util.tree_map(
         lambda i, c: jnp.where(batch["reset"], i, c), init, carry)
-    logits, new_carry = self.apply(params, batch["inputs"], batch["lengths"],
-                                   carry, rng=rng if train else None,
-                                   temperature=temperature)
+    regs = train and (self.ar > 0 or self.tar > 0)
+    out = self.apply(params, batch["inputs"], batch["lengths"], carry,
+                     rng=rng if train else None, temperature=temperature,
+                     mutable=["intermediates"] if regs else False)
+    (logits, new_carry), sown = out if regs else (out, None)
     ce = optax.softmax_cross_entropy_with_integer_labels(
         logits.astype(jnp.float32), batch["targets"])
-    loss = masked_mean(ce, step_mask(batch["lengths"], ce.shape[1]))
-    return loss, (jax.lax.stop_gradient(new_carry), {})
+    mask = step_mask(batch["lengths"], ce.shape[1])
+    loss = masked_mean(ce, mask)
+    metrics = {}
+    if regs:
+      ar, tar = activation_penalties(sown["intermediates"], mask)
+      metrics = {"ar": ar, "tar": tar}
+      loss = loss + self.ar * ar + self.tar * tar
+    return loss, (jax.lax.stop_gradient(new_carry), metrics)
 
   # ---------------------------------------------------------------- eval
   def eval_splits(self):
