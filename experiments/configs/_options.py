@@ -91,7 +91,9 @@ class Options:
 
   def number(self, what: str, default: str | None = None, *,
              cast=float, positive: bool = True):
-    value = self.take(what, default)
+    return self._cast(what, self.take(what, default), cast, positive)
+
+  def _cast(self, what: str, value: str, cast, positive: bool):
     try:
       out = cast(value)
     except ValueError:
@@ -119,17 +121,8 @@ class Options:
   def keyed_number(self, key: str, what: str, cast=int):
     """The value of a `key=<number>` next part (consumed; > 0), else None."""
     value = self.keyed(key)
-    if value is None:
-      return None
-    try:
-      out = cast(value)
-    except ValueError:
-      kind = "an integer" if cast is int else "a number"
-      raise self.error(f"{key}=: {what} must be {kind}, got {value!r}"
-                       ) from None
-    if not out > 0:
-      raise self.error(f"{key}=: {what} must be > 0, got {value!r}")
-    return out
+    return None if value is None else self._cast(f"{key}=: {what}", value,
+                                                 cast, True)
 
   def done(self) -> None:
     """Raises if parts are left over (nothing is ignored silently)."""
