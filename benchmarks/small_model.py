@@ -55,6 +55,7 @@ from benchmarks.jax_worker import JaxCase
 from sorjax.fused_lstm import lstm_scan, scan_prefetch
 
 B, T, H = 10, 200, 12
+CLOCK = time.process_time   # --clock wall: time.perf_counter
 D = H
 SECTIONS = ("dyck", "replicas", "floor", "codegen", "paths")
 
@@ -74,9 +75,9 @@ class Case:
   run = JaxCase.run    # n calls, feeding stateful outputs back
 
   def time(self, n):
-    t0 = time.process_time()
+    t0 = CLOCK()
     self.run(n)
-    return time.process_time() - t0
+    return CLOCK() - t0
 
 
 class TorchLSTM:
@@ -206,13 +207,29 @@ def fwd_generic(p, xs):
   return sorjax.unroll(cell, p, xs, fused_grad=True)[1]
 
 
+def fwd_flax(p, xs):
+  """flax.linen.RNN(OptimizedLSTMCell) with sorjax's lstm weights (the same
+  FLOPs; the values do not matter for timing)."""
+  import flax.linen as nn
+  cell = nn.OptimizedLSTMCell(H)
+  W_x, W_h, b = p["W_x"], p["W_h"], p["b"]
+  gates = ("i", "f", "g", "o")
+  params = {f"i{g}": {"kernel": W_x[:, k * H:(k + 1) * H]}
+            for k, g in enumerate(gates)}
+  params.update({f"h{g}": {"kernel": W_h[:, k * H:(k + 1) * H],
+                           "bias": b[k * H:(k + 1) * H]}
+                 for k, g in enumerate(gates)})
+  return nn.RNN(cell).apply({"params": {"cell": params}}, xs)
+
+
 # The paths `unroll` can take for an lstm, compared per shape (section
-# "paths"); the first is what `unroll` picks by default.
+# "paths"), and flax's LSTM; the first is what `unroll` picks by default.
 PATHS = {
     "unroll default": fwd_unroll(None),
     "fused_lstm.lstm_scan": fwd_fused,
     "generic fused_grad": fwd_generic,
     "autodiff": fwd_unroll(False),
+    "flax OptimizedLSTMCell": fwd_flax,
 }
 PATH_SHAPES = ((10, 200, 12), (10, 200, 16), (10, 200, 24), (10, 200, 32),
                (32, 100, 64), (32, 100, 128), (32, 100, 256),
@@ -291,13 +308,15 @@ def section_paths(args):
                  f"{B * T / statistics.median(ts[fl]):,.0f}",
                  f"{ratio(ts, 'generic fused_grad', fl):.2f}x",
                  f"{ratio(ts, 'autodiff', fl):.2f}x",
-                 f"{ratio(ts, 'autodiff', 'unroll default'):.2f}x"])
+                 f"{ratio(ts, 'autodiff', 'unroll default'):.2f}x",
+                 f"{ratio(ts, 'flax OptimizedLSTMCell', 'unroll default'):.2f}x"])
     print(f"  {rows[-1]}", flush=True)
   set_shape(*before)
   print("## lstm paths through unroll, forward + backward\n")
-  print(table(["(B, T, H)", "lstm_scan tokens/CPU-s",
+  print(table(["(B, T, H)", f"lstm_scan tokens/{args.clock}-s",
                "lstm_scan vs generic fused_grad", "lstm_scan vs autodiff",
-               "unroll default vs autodiff"], rows) + "\n")
+               "unroll default vs autodiff", "unroll default vs flax"],
+              rows) + "\n")
 
 
 def section_replicas(args):
@@ -400,7 +419,12 @@ def main(argv=None):
   ap.add_argument("--path-shapes", default=";".join(
       ",".join(map(str, s)) for s in PATH_SHAPES),
                   help="B,T,H;B,T,H;... of the 'paths' section")
+  ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
+                  help="JAX timings: CPU time of this process (default; "
+                  "per core) or wall time (for multi-threaded runs)")
   args = ap.parse_args(argv)
+  global CLOCK
+  CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
   try:
     args.path_shapes = [tuple(int(v) for v in s.split(","))
                         for s in args.path_shapes.split(";")]
