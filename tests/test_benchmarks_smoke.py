@@ -251,7 +251,7 @@ def test_small_model_study_runs(capsys):
   with jax.numpy_dtype_promotion("standard"), \
        jax.numpy_rank_promotion("allow"):
     small_model.main(["--shape", "2,3,4", "--rounds", "1", "--min-seconds",
-                      "0", "--replicas", "2", "--path-shapes", "2,3,4;2,3,40"])
+                      "0", "--replicas", "2", "--path-shapes", "2,3,4"])
   out = capsys.readouterr().out
   assert "sorjax" in out and "replicas" in out
-  assert "(2, 3, 40)" in out and "lstm paths" in out
+  assert "| (2, 3, 4) |" in out and "lstm paths" in out
