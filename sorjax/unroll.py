@@ -138,19 +138,16 @@ def _fused_by_default(cell, remat) -> bool:
 FUSED_LSTM_SMALL_HIDDEN = 32
 
 
-def _lstm_scan_args(cell, params, hoist, remat, fused_grad):
+def _lstm_scan_args(cell, params, hoist, remat, fused_grad, fused):
   """(W_h, forget_bias) when unroll should run `fused_lstm.lstm_scan`, else
-  None. It replaces the generic fused path (fused_grad=True, or None with a
-  large hidden size) and, with fused_grad=None, the autodiff scan of small
-  LSTMs; it needs precompute hoisted and no remat."""
-  if not hoist or remat is not False or fused_grad is False:
+  None. It replaces the generic fused path (`fused`: fused_grad=True, or
+  None with a large hidden size) and, with fused_grad=None, the autodiff
+  scan of small LSTMs; it needs precompute hoisted and no remat."""
+  small = (fused_grad is None
+           and cell.hidden_size < FUSED_LSTM_SMALL_HIDDEN)
+  if not hoist or remat is not False or not (fused or small):
     return None
-  args = fused_lstm.lstm_args(cell, params)
-  if args is None or fused_grad is True:
-    return args
-  H = cell.hidden_size
-  small = H < FUSED_LSTM_SMALL_HIDDEN
-  return args if small or _fused_by_default(cell, remat) else None
+  return fused_lstm.lstm_args(cell, params)
 
 
 def _remat_policy(remat):
@@ -375,7 +372,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
     seq, pp = cell.precompute(params, xs_tm, **per_step_tm, **scalar), ()
   else:
     seq, pp = (xs_tm, per_step_tm), (params, scalar)
-  lstm = _lstm_scan_args(cell, params, hoist, remat, fused_grad)
+  lstm = _lstm_scan_args(cell, params, hoist, remat, fused_grad, fused)
   if lstm is not None and T > 0:
     carry, ys = fused_lstm.lstm_scan(lstm[0], seq, carry, lengths, lstm[1],
                                      unroll)
