@@ -546,22 +546,24 @@ def item_renganathan(ctx: Context) -> dict:
   budget = 6_000 if ctx.micro else 50_000
   ov = {**_lm_scale(ctx), "model.budget": budget, "model.embed_size": 16,
         "early_stopping.patience": 0}
+  if ctx.micro:  # at 6k parameters one mmLSTM unit is ~9% of the budget
+    ov["model.budget_tol"] = 0.1
   cells = ("rnn", "lstm", "mrnn", "mlstm", "mm_rnn", "mm_lstm")
   two_layer = ("rnn", "lstm", "mm_rnn", "mm_lstm")  # Table 2's 2-layer rows
   cut_cells, cutoffs = ("lstm", "mm_lstm"), (25, 75)  # Table 3
   if ctx.micro:
     cells, two_layer = ("lstm", "mm_lstm"), ("mm_lstm",)
     cut_cells, cutoffs = ("mm_lstm",), (25,)
-  runs = [(c, c, f"char,{c}") for c in cells]
-  runs += [(f"{c}_2layers", c, f"char,{c},2") for c in two_layer]
-  runs += [(f"{c}_cut{n}", c, f"char,{c},cut={n}") for n in cutoffs
+  runs = [(c, f"char,{c}") for c in cells]
+  runs += [(f"{c}_2layers", f"char,{c},2") for c in two_layer]
+  runs += [(f"{c}_cut{n}", f"char,{c},cut={n}") for n in cutoffs
            for c in cut_cells]
   # At 50k parameters one hidden unit of a 2-layer mmRNN / mmLSTM is 2.7% /
   # 5.3% of the budget: no size is within the default 1% (mm_lstm H = 34:
   # -2.7%, 35: +2.6%), so the 2-layer rows take the closest within 3%.
-  ov2 = {**ov, "model.budget_tol": 0.03}
+  ov2 = {**ov, "model.budget_tol": max(0.03, ov.get("model.budget_tol", 0))}
   res = {}
-  for name, _, config in runs:
+  for name, config in runs:
     wd = train(ctx, name, "renganathan_ptb", config,
                ov2 if name.endswith("_2layers") else ov)
     rows = per_replica(wd)
