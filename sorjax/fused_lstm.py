@@ -40,10 +40,15 @@ from typing import Any, Callable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sorjax.cells.base import LSTMCarry
 
 Array = jax.Array
+
+# lstm_scan's default layout: batch-major below this hidden size, gate-major
+# from it (module doc).
+GATE_MAJOR_FROM = 512
 
 
 def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
@@ -74,92 +79,101 @@ def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
   return carry, ys
 
 
-def _gates(zT: Array, forget_bias: float) -> Array:
-  """Activations [4, H*B] (sigma(i), sigma(f + forget_bias), tanh(g),
-  sigma(o)) of gate pre-activations z^T [4H, B]."""
-  z = zT.reshape(4, -1)
-  i, f, g, o = z[0], z[1], z[2], z[3]
-  return jnp.stack([jax.nn.sigmoid(i), jax.nn.sigmoid(f + forget_bias),
-                    jnp.tanh(g), jax.nn.sigmoid(o)])
+def _activation_consts(H: int, forget_bias: float, dtype, tr: bool):
+  """(alpha, beta, gamma, delta) per gate row of z, in z's layout, such that
+  A = alpha tanh(beta z + gamma) + delta is [sigma(i), sigma(f +
+  forget_bias), tanh(g), sigma(o)]: sigma(x) = tanh(x / 2) / 2 + 1 / 2.
+  One elementwise map over all of z, vectorised along its minor axis."""
+  s = np.repeat(np.array([0.5, 0.5, 1.0, 0.5]), H)       # alpha = beta
+  gamma = np.repeat(np.array([0.0, 0.5 * forget_bias, 0.0, 0.0]), H)
+  delta = np.repeat(np.array([0.5, 0.5, 0.0, 0.5]), H)
+  shape = (4 * H, 1) if tr else (1, 4 * H)
+  return tuple(jnp.asarray(v.reshape(shape), dtype) for v in (s, gamma, delta))
 
 
-def _forward(forget_bias, unroll, WT, xpT, mask, hT0, c0):
-  """The forward loop in the transposed layout. Returns the final (h^T, c),
-  y^T [T, H, B] and the residuals (activations [T, 4, H*B], c_{t-1})."""
-  H, B = hT0.shape
+def _forward(forget_bias, unroll, tr, W2, xp2, mask, h0, c0):
+  """The forward loop. Gate-major (tr): state h^T [H, B], z^T = W_h^T h^T
+  [4H, B], xp2 [T, 4H, B]; batch-major: state h [B, H], z = h W_h [B, 4H],
+  xp2 [T, B, 4H]. Returns the final (h, c), ys [T, *h.shape] and the
+  residuals (activations A_t in z's layout, c_{t-1})."""
+  ax = 0 if tr else -1                                     # z's gate axis
+  H = W2.shape[1] if tr else W2.shape[0]
+  s, gamma, delta = _activation_consts(H, forget_bias, W2.dtype, tr)
 
   def body(carry, inp):
-    hT, c = carry
+    h, c = carry
     x, m = inp if mask is not None else (inp, None)
-    A = _gates(x + WT @ hT, forget_bias)                   # [4, H*B]
-    c_new = A[1] * c + A[0] * A[2]                         # c_t
-    h_new = A[3] * jnp.tanh(c_new)                         # h_t
+    A = s * jnp.tanh(s * (x + (W2 @ h if tr else h @ W2)) + gamma) + delta
+    si, sf, tg, so = jnp.split(A, 4, axis=ax)
+    c_new = sf * c + si * tg                               # c_t
+    h_new = so * jnp.tanh(c_new)                           # h_t
     if m is not None:  # padded steps keep the carry and emit zeros
       y = jnp.where(m, h_new, jnp.zeros_like(h_new))
-      h_new, c_new = (jnp.where(m, h_new, hT.reshape(-1)),
-                      jnp.where(m, c_new, c))
+      h_new, c_new = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
     else:
       y = h_new
-    return (h_new.reshape(H, B), c_new), (y.reshape(H, B), A, c)
+    return (h_new, c_new), (y, A, c)
 
-  inputs = xpT if mask is None else (xpT, mask)
-  (hT, c), (ysT, As, cs) = scan_prefetch(body, (hT0, c0), inputs,
-                                         unroll=unroll)
-  return (hT, c), ysT, (As, cs)
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _scan(forget_bias, unroll, WT, xpT, mask, hT0, c0):
-  (hT, c), ysT, _ = _forward(forget_bias, unroll, WT, xpT, mask, hT0, c0)
-  return (hT, c), ysT
+  inputs = xp2 if mask is None else (xp2, mask)
+  (h, c), (ys, As, cs) = scan_prefetch(body, (h0, c0), inputs, unroll=unroll)
+  return (h, c), ys, (As, cs)
 
 
-def _scan_fwd(forget_bias, unroll, WT, xpT, mask, hT0, c0):
-  (hT, c), ysT, (As, cs) = _forward(forget_bias, unroll, WT, xpT, mask, hT0,
-                                    c0)
-  return ((hT, c), ysT), (WT, mask, hT0, ysT, As, cs)
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _scan(forget_bias, unroll, tr, W2, xp2, mask, h0, c0):
+  (h, c), ys, _ = _forward(forget_bias, unroll, tr, W2, xp2, mask, h0, c0)
+  return (h, c), ys
 
 
-def _scan_bwd(forget_bias, unroll, res, cot):
-  WT, mask, hT0, ysT, As, cs = res
-  (dhT_T, dc_T), dysT = cot
-  H, B = hT0.shape
-  W = WT.T                                                 # [H, 4H]
+def _scan_fwd(forget_bias, unroll, tr, W2, xp2, mask, h0, c0):
+  (h, c), ys, (As, cs) = _forward(forget_bias, unroll, tr, W2, xp2, mask, h0,
+                                  c0)
+  return ((h, c), ys), (W2, mask, h0, ys, As, cs)
+
+
+def _scan_bwd(forget_bias, unroll, tr, res, cot):
+  W2, mask, h0, ys, As, cs = res
+  (dh_T, dc_T), dys = cot
+  ax = 0 if tr else -1
+  H = W2.shape[1] if tr else W2.shape[0]
+  s, _, delta = _activation_consts(H, forget_bias, W2.dtype, tr)
+  W2t = W2.T  # once: [H, 4H] (gate-major) or [4H, H]
 
   def body(carry, inp):
-    dh, dc = carry                                         # [H*B] each
+    dh, dc = carry
     if mask is None:
       (A, c0, dy), m = inp, None
     else:
       A, c0, dy, m = inp
-    si, sf, tg, so = A[0], A[1], A[2], A[3]
+    si, sf, tg, so = jnp.split(A, 4, axis=ax)
     tc = jnp.tanh(sf * c0 + si * tg)                       # tanh(c_t)
-    dh_t = dh + dy.reshape(-1)                             # dL/dh_t
+    dh_t = dh + dy                                         # dL/dh_t
     dc_t = dc
     if m is not None:  # a padded step passed its carry through
       dh_t = jnp.where(m, dh_t, jnp.zeros_like(dh_t))
       dc_t = jnp.where(m, dc_t, jnp.zeros_like(dc_t))
     dct = dc_t + dh_t * so * (1 - tc * tc)                 # dL/dc_t, total
-    dz = jnp.stack([dct * tg * si * (1 - si),              # d i
-                    dct * c0 * sf * (1 - sf),              # d f
-                    dct * si * (1 - tg * tg),              # d g
-                    dh_t * tc * so * (1 - so)])            # d o
-    dzT = dz.reshape(4 * H, B)
-    dh_prev = (W @ dzT).reshape(-1)                        # through h_{t-1} W_h
+    dA = jnp.concatenate([dct * tg, dct * c0, dct * si, dh_t * tc], axis=ax)
+    u = (A - delta) / s                                    # tanh(beta z + gamma)
+    dz = dA * (s * s) * (1 - u * u)                        # dA/dz = alpha beta (1 - u^2)
+    dh_prev = W2t @ dz if tr else dz @ W2t                 # through h_{t-1} W_h
     dc_prev = dct * sf                                     # through c_{t-1}
     if m is not None:
       dh_prev = dh_prev + jnp.where(m, jnp.zeros_like(dh), dh)
       dc_prev = dc_prev + jnp.where(m, jnp.zeros_like(dc), dc)
-    return (dh_prev, dc_prev), dzT
+    return (dh_prev, dc_prev), dz
 
-  inputs = (As, cs, dysT) if mask is None else (As, cs, dysT, mask)
-  (dh0, dc0), dzsT = scan_prefetch(body, (dhT_T.reshape(-1), dc_T), inputs,
-                                   reverse=True, unroll=unroll)
+  inputs = (As, cs, dys) if mask is None else (As, cs, dys, mask)
+  (dh0, dc0), dzs = scan_prefetch(body, (dh_T, dc_T), inputs, reverse=True,
+                                  unroll=unroll)
   # h_{t-1}: the carry before step t. y_t equals the carry h_t on valid steps
   # and valid steps form a prefix, so dz_t = 0 wherever y_{t-1} is a padding 0.
-  hprevT = jnp.concatenate([hT0[None], ysT[:-1]], axis=0)  # [T, H, B]
-  dWT = jnp.einsum("tnb,thb->nh", dzsT, hprevT)            # one matmul
-  return dWT, dzsT, None, dh0.reshape(H, B), dc0   # no cotangent for the mask
+  hprev = jnp.concatenate([h0[None], ys[:-1]], axis=0)
+  if tr:                                                   # one matmul each
+    dW2 = jnp.einsum("tnb,thb->nh", dzs, hprev)            # dW_h^T
+  else:
+    dW2 = jnp.einsum("tbh,tbn->hn", hprev, dzs)            # dW_h
+  return dW2, dzs, None, dh0, dc0   # no cotangent for the mask
 
 
 _scan.defvjp(_scan_fwd, _scan_bwd)
@@ -181,7 +195,8 @@ def lstm_args(cell, params) -> tuple[Array, float] | None:
 
 def lstm_scan(W_h: Array, xp: Array, carry: LSTMCarry,
               lengths: Array | None = None, forget_bias: float = 0.0,
-              unroll: int = 1) -> tuple[LSTMCarry, Array]:
+              unroll: int = 1, layout: str | None = None
+              ) -> tuple[LSTMCarry, Array]:
   """Runs the LSTM recurrence over time-major gate inputs.
 
   Args:
@@ -193,6 +208,9 @@ def lstm_scan(W_h: Array, xp: Array, carry: LSTMCarry,
       output zeros, as `sorjax.unroll`.
     forget_bias: added to the forget gate's pre-activation.
     unroll: `lax.scan` unroll factor of both loops.
+    layout: "gate_major" (state h^T [H, B]; xp and ys transposed around the
+      loops) or "batch_major" (state h [B, H]; no transposes); None picks
+      gate_major for H >= GATE_MAJOR_FROM (module doc).
 
   Returns:
     (final carry, ys [T, B, H]).
@@ -217,11 +235,21 @@ def lstm_scan(W_h: Array, xp: Array, carry: LSTMCarry,
     if lengths.shape != (B,):
       raise ValueError(f"lstm_scan: lengths must have shape [B] = [{B}], got "
                        f"{lengths.shape}")
-    valid = (jnp.arange(T, dtype=jnp.int32)[:, None]
-             < lengths.astype(jnp.int32)[None, :])
-    mask = jnp.broadcast_to(valid[:, None, :], (T, H, B)).reshape(T, H * B)
-  (hT, c), ysT = _scan(float(forget_bias), int(unroll), W_h.T,
-                       jnp.swapaxes(xp, 1, 2), mask, carry.h.T,
-                       carry.c.T.reshape(-1))
-  final = LSTMCarry(hT.T, c.reshape(H, B).T)
-  return final, jnp.swapaxes(ysT, 1, 2)
+    mask = (jnp.arange(T, dtype=jnp.int32)[:, None]
+            < lengths.astype(jnp.int32)[None, :])                 # [T, B]
+  if layout is None:
+    layout = "gate_major" if H >= GATE_MAJOR_FROM else "batch_major"
+  if layout not in ("gate_major", "batch_major"):
+    raise ValueError(f"lstm_scan: layout must be None, 'gate_major' or "
+                     f"'batch_major', got {layout!r}")
+  fb, n = float(forget_bias), int(unroll)
+  if layout == "batch_major":
+    if mask is not None:
+      mask = jnp.broadcast_to(mask[:, :, None], (T, B, H))
+    (h, c), ys = _scan(fb, n, False, W_h, xp, mask, carry.h, carry.c)
+    return LSTMCarry(h, c), ys
+  if mask is not None:
+    mask = jnp.broadcast_to(mask[:, None, :], (T, H, B))
+  (hT, cT), ysT = _scan(fb, n, True, W_h.T, jnp.swapaxes(xp, 1, 2), mask,
+                        carry.h.T, carry.c.T)
+  return LSTMCarry(hT.T, cT.T), jnp.swapaxes(ysT, 1, 2)

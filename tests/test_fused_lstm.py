@@ -1,6 +1,7 @@
 """sorjax.fused_lstm against a NumPy loop of the LSTM equations (float64):
 values, final carry, masking, gradients (finite differences and a plain
-JAX loop), vmap over replicas, jit, and the prefetching scan."""
+JAX loop), vmap over replicas, jit, and the prefetching scan; every check
+in both layouts (batch-major and gate-major)."""
 
 import jax
 import jax.numpy as jnp
@@ -50,8 +51,12 @@ def jax_loop_loss(W, xp, h, c, G, lengths, forget_bias):
   return jnp.sum(jnp.stack(ys) * G) + jnp.sum(h) + 2.0 * jnp.sum(c)
 
 
-def fused_loss(W, xp, h, c, G, lengths, forget_bias):
-  final, ys = lstm_scan(W, xp, LSTMCarry(h, c), lengths, forget_bias)
+LAYOUTS = ["batch_major", "gate_major"]
+
+
+def fused_loss(W, xp, h, c, G, lengths, forget_bias, layout=None):
+  final, ys = lstm_scan(W, xp, LSTMCarry(h, c), lengths, forget_bias,
+                        layout=layout)
   return jnp.sum(ys * G) + jnp.sum(final.h) + 2.0 * jnp.sum(final.c)
 
 
@@ -66,15 +71,16 @@ def data():
     yield W, xp, h0, c0, G
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("lengths", [None, (4, 2, 0)])
 @pytest.mark.parametrize("forget_bias", [0.0, 1.0])
-def test_values_match_numpy_loop(data, lengths, forget_bias):
+def test_values_match_numpy_loop(data, lengths, forget_bias, layout):
   W, xp, h0, c0, _ = data
   with jax.enable_x64(True):
     L = None if lengths is None else jnp.asarray(lengths, jnp.int32)
     final, ys = lstm_scan(jnp.asarray(W), jnp.asarray(xp),
                           LSTMCarry(jnp.asarray(h0), jnp.asarray(c0)), L,
-                          forget_bias)
+                          forget_bias, layout=layout)
     h, c, ys_ref = numpy_lstm(W, xp, h0, c0, lengths, forget_bias)
     np.testing.assert_allclose(ys, ys_ref, rtol=1e-12, atol=1e-12)
     np.testing.assert_allclose(final.h, h, rtol=1e-12, atol=1e-12)
@@ -84,19 +90,22 @@ def test_values_match_numpy_loop(data, lengths, forget_bias):
       np.testing.assert_array_equal(ys[:, 2], 0.0)
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("lengths", [None, (4, 2, 0)])
-def test_gradients_match_plain_loop(data, lengths):
+def test_gradients_match_plain_loop(data, lengths, layout):
   W, xp, h0, c0, G = data
   with jax.enable_x64(True):
     L = None if lengths is None else jnp.asarray(lengths, jnp.int32)
     args = tuple(map(jnp.asarray, (W, xp, h0, c0)))
-    got = jax.grad(fused_loss, argnums=(0, 1, 2, 3))(*args, G, L, 0.5)
+    got = jax.grad(fused_loss, argnums=(0, 1, 2, 3))(*args, G, L, 0.5,
+                                                      layout)
     ref = jax.grad(jax_loop_loss, argnums=(0, 1, 2, 3))(*args, G, L, 0.5)
     for g, r in zip(got, ref):
       np.testing.assert_allclose(g, r, rtol=1e-10, atol=1e-12)
 
 
-def test_gradient_matches_finite_differences(data):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_gradient_matches_finite_differences(data, layout):
   W, xp, h0, c0, G = data
   lengths = (4, 3, 1)
 
@@ -107,7 +116,7 @@ def test_gradient_matches_finite_differences(data):
   with jax.enable_x64(True):
     gW, gx = jax.grad(fused_loss, argnums=(0, 1))(
         jnp.asarray(W), jnp.asarray(xp), jnp.asarray(h0), jnp.asarray(c0), G,
-        jnp.asarray(lengths, jnp.int32), 0.5)
+        jnp.asarray(lengths, jnp.int32), 0.5, layout)
   r = np.random.default_rng(1)
   for _ in range(3):
     dW, dx = r.normal(size=W.shape), r.normal(size=xp.shape)
@@ -118,7 +127,8 @@ def test_gradient_matches_finite_differences(data):
                                rtol=1e-7)
 
 
-def test_vmap_over_replicas_and_jit(data):
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_vmap_over_replicas_and_jit(data, layout):
   W, xp, h0, c0, G = data
   R = 3
   with jax.enable_x64(True):
@@ -130,7 +140,8 @@ def test_vmap_over_replicas_and_jit(data):
 
     @jax.jit
     def batched(Ws, xps):
-      return jax.vmap(lambda w, x: grad(w, x, h0, c0, G, L, 0.0))(Ws, xps)
+      return jax.vmap(lambda w, x: grad(w, x, h0, c0, G, L, 0.0, layout))(
+          Ws, xps)
 
     gW, gx = batched(Ws, xps)
     for k in range(R):
@@ -140,11 +151,12 @@ def test_vmap_over_replicas_and_jit(data):
       np.testing.assert_allclose(gx[k], rx, rtol=1e-10, atol=1e-12)
 
 
-def test_float32_in_float32_out():
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_float32_in_float32_out(layout):
   W = jnp.zeros((H, 4 * H), jnp.float32)
   xp = jnp.ones((T, B, 4 * H), jnp.float32)
   z = jnp.zeros((B, H), jnp.float32)
-  final, ys = lstm_scan(W, xp, LSTMCarry(z, z))
+  final, ys = lstm_scan(W, xp, LSTMCarry(z, z), layout=layout)
   assert ys.dtype == final.h.dtype == final.c.dtype == jnp.float32
   assert ys.shape == (T, B, H)
 
@@ -155,16 +167,17 @@ def test_float32_in_float32_out():
     (dict(h=np.zeros((B + 1, H))), "carry.h"),
     (dict(lengths=np.zeros((B + 1,), np.int32)), "lengths"),
     (dict(xp=np.zeros((0, B, 4 * H))), "no time steps"),
+    (dict(layout="row_major"), "layout must be"),
 ])
 def test_bad_inputs_are_named(bad, message):
   args = dict(xp=np.zeros((T, B, 4 * H)), h=np.zeros((B, H)),
-              lengths=None)
+              lengths=None, layout=None)
   args.update(bad)
   z = jnp.zeros((B, H))
   with pytest.raises(ValueError, match=message):
     lstm_scan(jnp.zeros((H, 4 * H)), jnp.asarray(args["xp"], jnp.float32),
               LSTMCarry(jnp.asarray(args["h"], jnp.float32), z),
-              args["lengths"])
+              args["lengths"], layout=args["layout"])
 
 
 @pytest.mark.parametrize("reverse", [False, True])
