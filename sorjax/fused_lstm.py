@@ -6,28 +6,30 @@
     h_t = sigma(o) tanh(c_t)
 
 `lstm_scan` computes what `sorjax.unroll` computes for an `lstm` cell (same
-masking by `lengths`: padded steps keep the carry and emit zeros), faster in
-the small-model regime, where XLA:CPU's per-step cost is elementwise code
-and kernel count, not FLOPs. Measured per core (benchmarks/small_model.md,
-paired rounds, machine loaded): 1.0-1.3x the autodiff scan at B=10 T=200
-H=12, 1.2x at B=32 T=100 H=256, 1.05x at B=64 T=100 H=512. What makes the
-difference, each measured:
+masking by `lengths`: padded steps keep the carry and emit zeros), with
+fewer and cheaper XLA:CPU kernels per step than autodiff of a scan. What
+makes the difference, each found with `jax.profiler` traces of the compiled
+loops and measured (benchmarks/small_model.md, "fused_lstm layouts"):
 
-- Transposed, gate-major layout. The state is h^T [H, B] and the gates
-  z^T = W_h^T h^T [4H, B], so gate k is one contiguous run of H*B values.
-  XLA:CPU fully unrolls loop fusions whose minor dimension is small
-  (<= ~48) into scalar code; with [B, 4H] rows split into four [B, H]
-  slices every sigmoid/tanh at H=12 ran scalar. Flat [H*B] operands are
-  vectorised.
+- All four activations are ONE elementwise map over z in its own layout,
+  A = alpha tanh(beta z + gamma) + delta with per-gate-row constants
+  (sigma(x) = tanh(x / 2) / 2 + 1 / 2 for i, f, o; tanh for g), and the
+  backward's dA/dz = alpha beta (1 - ((A - delta) / alpha)^2) likewise.
+  Slicing z into four gates and stacking their activations instead was one
+  fusion of ~120 us per step at B=32 H=256 (two threads); the map is ~20.
+- Two layouts. Batch-major (default below GATE_MAJOR_FROM): state h [B, H],
+  z = h W_h [B, 4H], xp and ys used as they come. Gate-major: state h^T
+  [H, B], z^T = W_h^T h^T [4H, B]; xp and ys are transposed around the
+  loops, which pays at H >= 512, where XLA:CPU's per-step product in this
+  orientation is the faster one.
 - Scan inputs reach the body through the carry, sliced one step ahead
   (`scan_prefetch`). A dynamic slice of a scan input that is used more than
   once inside a fusion is emitted as an outlined helper whose index load
   LLVM cannot hoist, which blocks vectorisation of the whole fusion.
-- A hand-written backward: it saves the four gate activations and c_{t-1}
-  (one [4, H*B] and one [H*B] slice per step, instead of autodiff's dozen
-  residual slices) and recomputes only tanh(c_t); the weight gradient
-  dW_h = sum_t h_{t-1}^T dz_t is ONE matmul after the backward loop
-  (what cuDNN and oneDNN do), not T small ones.
+- A hand-written backward: it saves the activations A_t and c_{t-1} and
+  recomputes only tanh(c_t); the weight gradient dW_h = sum_t h_{t-1}^T
+  dz_t is ONE matmul after the backward loop (what cuDNN and oneDNN do),
+  not T small ones.
 
 Forward-mode autodiff (jvp, jacfwd) is not defined through this primitive
 (a `jax.custom_vjp`); reverse mode, vmap and jit are.
@@ -36,13 +38,13 @@ Forward-mode autodiff (jvp, jacfwd) is not defined through this primitive
 from __future__ import annotations
 
 import functools
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sorjax.cells.base import LSTMCarry
+from sorjax.cells.base import LSTMCarry, check_input
 
 Array = jax.Array
 
@@ -91,14 +93,16 @@ def _activation_consts(H: int, forget_bias: float, dtype, tr: bool):
   return tuple(jnp.asarray(v.reshape(shape), dtype) for v in (s, gamma, delta))
 
 
-def _forward(forget_bias, unroll, tr, W2, xp2, mask, h0, c0):
+def _forward(forget_bias, unroll, tr, W2, b2, xp2, mask, h0, c0):
   """The forward loop. Gate-major (tr): state h^T [H, B], z^T = W_h^T h^T
   [4H, B], xp2 [T, 4H, B]; batch-major: state h [B, H], z = h W_h [B, 4H],
-  xp2 [T, B, 4H]. Returns the final (h, c), ys [T, *h.shape] and the
-  residuals (activations A_t in z's layout, c_{t-1})."""
+  xp2 [T, B, 4H]. b2 is the bias in z's layout. Returns the final (h, c),
+  ys [T, *h.shape] and the residuals (activations A_t in z's layout,
+  c_{t-1})."""
   ax = 0 if tr else -1                                     # z's gate axis
-  H = W2.shape[1] if tr else W2.shape[0]
-  s, gamma, delta = _activation_consts(H, forget_bias, W2.dtype, tr)
+  s, gamma, delta = _activation_consts(h0.shape[0 if tr else 1], forget_bias,
+                                       W2.dtype, tr)
+  gamma = gamma + s * b2  # the bias enters the map: s (z + b) + gamma
 
   def body(carry, inp):
     h, c = carry
@@ -119,25 +123,39 @@ def _forward(forget_bias, unroll, tr, W2, xp2, mask, h0, c0):
   return (h, c), ys, (As, cs)
 
 
+def _layer_forward(forget_bias, unroll, tr, W_h, W_x, b, xs, mask, h0, c0):
+  """x_t W_x (all steps, one matmul; xs is xp when W_x is None), the loop in
+  its layout, and the results back in [B, ...] order."""
+  xp = xs if W_x is None else jnp.einsum("tbd,dn->tbn", xs, W_x)
+  if tr:
+    (h, c), ys2, res = _forward(forget_bias, unroll, True, W_h.T, b[:, None],
+                                jnp.swapaxes(xp, 1, 2), mask, h0.T, c0.T)
+    return (h.T, c.T), jnp.swapaxes(ys2, 1, 2), ys2, res
+  (h, c), ys, res = _forward(forget_bias, unroll, False, W_h, b[None], xp,
+                             mask, h0, c0)
+  return (h, c), ys, ys, res
+
+
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
-def _scan(forget_bias, unroll, tr, W2, xp2, mask, h0, c0):
-  (h, c), ys, _ = _forward(forget_bias, unroll, tr, W2, xp2, mask, h0, c0)
-  return (h, c), ys
+def _layer(forget_bias, unroll, tr, W_h, W_x, b, xs, mask, h0, c0):
+  final, ys, _, _ = _layer_forward(forget_bias, unroll, tr, W_h, W_x, b, xs,
+                                   mask, h0, c0)
+  return final, ys
 
 
-def _scan_fwd(forget_bias, unroll, tr, W2, xp2, mask, h0, c0):
-  (h, c), ys, (As, cs) = _forward(forget_bias, unroll, tr, W2, xp2, mask, h0,
-                                  c0)
-  return ((h, c), ys), (W2, mask, h0, ys, As, cs)
+def _layer_fwd(forget_bias, unroll, tr, W_h, W_x, b, xs, mask, h0, c0):
+  final, ys, ys2, (As, cs) = _layer_forward(forget_bias, unroll, tr, W_h,
+                                            W_x, b, xs, mask, h0, c0)
+  return (final, ys), (W_h, W_x, xs, mask, h0, ys2, As, cs)
 
 
-def _scan_bwd(forget_bias, unroll, tr, res, cot):
-  W2, mask, h0, ys, As, cs = res
+def _layer_bwd(forget_bias, unroll, tr, res, cot):
+  W_h, W_x, xs, mask, h0, ys2, As, cs = res
   (dh_T, dc_T), dys = cot
   ax = 0 if tr else -1
-  H = W2.shape[1] if tr else W2.shape[0]
-  s, _, delta = _activation_consts(H, forget_bias, W2.dtype, tr)
-  W2t = W2.T  # once: [H, 4H] (gate-major) or [4H, H]
+  s, _, delta = _activation_consts(W_h.shape[0], forget_bias, W_h.dtype, tr)
+  if tr:  # into the loop's layout
+    h0, dh_T, dc_T, dys = h0.T, dh_T.T, dc_T.T, jnp.swapaxes(dys, 1, 2)
 
   def body(carry, inp):
     dh, dc = carry
@@ -156,41 +174,130 @@ def _scan_bwd(forget_bias, unroll, tr, res, cot):
     dA = jnp.concatenate([dct * tg, dct * c0, dct * si, dh_t * tc], axis=ax)
     u = (A - delta) / s                                    # tanh(beta z + gamma)
     dz = dA * (s * s) * (1 - u * u)                        # dA/dz = alpha beta (1 - u^2)
-    dh_prev = W2t @ dz if tr else dz @ W2t                 # through h_{t-1} W_h
+    dh_prev = W_h @ dz if tr else dz @ W_hT                # through h_{t-1} W_h
     dc_prev = dct * sf                                     # through c_{t-1}
     if m is not None:
       dh_prev = dh_prev + jnp.where(m, jnp.zeros_like(dh), dh)
       dc_prev = dc_prev + jnp.where(m, jnp.zeros_like(dc), dc)
     return (dh_prev, dc_prev), dz
 
+  W_hT = W_h.T  # once: a per-step dot on a transposed operand is slower
   inputs = (As, cs, dys) if mask is None else (As, cs, dys, mask)
   (dh0, dc0), dzs = scan_prefetch(body, (dh_T, dc_T), inputs, reverse=True,
                                   unroll=unroll)
   # h_{t-1}: the carry before step t. y_t equals the carry h_t on valid steps
   # and valid steps form a prefix, so dz_t = 0 wherever y_{t-1} is a padding 0.
-  hprev = jnp.concatenate([h0[None], ys[:-1]], axis=0)
-  if tr:                                                   # one matmul each
-    dW2 = jnp.einsum("tnb,thb->nh", dzs, hprev)            # dW_h^T
+  hprev = jnp.concatenate([h0[None], ys2[:-1]], axis=0)
+  if tr:  # dW_h = sum_t h_{t-1}^T dz_t: one matmul over all T*B rows
+    dW_h = jnp.einsum("thb,tnb->hn", hprev, dzs)
+    dzs, dh0, dc0 = jnp.swapaxes(dzs, 1, 2), dh0.T, dc0.T  # [T, B, 4H]
   else:
-    dW2 = jnp.einsum("tbh,tbn->hn", hprev, dzs)            # dW_h
-  return dW2, dzs, None, dh0, dc0   # no cotangent for the mask
+    dW_h = jnp.einsum("tbh,tbn->hn", hprev, dzs)
+  db = jnp.sum(dzs, axis=(0, 1))
+  if W_x is None:
+    dW_x, dxs = None, dzs
+  else:  # through x_t W_x, one matmul each
+    dW_x = jnp.einsum("tbd,tbn->dn", xs, dzs)
+    dxs = jnp.einsum("tbn,dn->tbd", dzs, W_x)
+  return dW_h, dW_x, db, dxs, None, dh0, dc0  # no cotangent for the mask
 
 
-_scan.defvjp(_scan_fwd, _scan_bwd)
+_layer.defvjp(_layer_fwd, _layer_bwd)
 
 
-def lstm_args(cell, params) -> tuple[Array, float] | None:
-  """(W_h, forget_bias) when `cell`'s step is exactly the recurrence above
-  (`lstm`, `mts_lstm`: x W_x + b and fixed biases are in `precompute`), so
-  that `lstm_scan(*lstm_args(cell, params)[:1], cell.precompute(...), ...)`
-  equals a scan of `cell.step`; None for every other cell."""
+class LSTMArgs(NamedTuple):
+  """What `lstm_layer` needs from an `lstm` / `mts_lstm` cell's params."""
+  W_h: Array           # [H, 4H]
+  W_x: Array           # [D, 4H]
+  b: Array             # [4H], the full gate bias
+  forget_bias: float
+  name: str            # the cell's registry name, for error messages
+
+
+def lstm_args(cell, params) -> LSTMArgs | None:
+  """The arguments of `lstm_layer` when `cell`'s step is exactly the
+  recurrence above with precompute = x W_x + b (`lstm`; `mts_lstm`, whose
+  fixed biases are part of b), so that `lstm_layer(*args[:3], xs, carry,
+  forget_bias=args.forget_bias)` equals a scan of `cell.step`; None for
+  every other cell."""
   from sorjax.cells.lstm import LSTM
   from sorjax.cells.mts_lstm import MTSLSTM
   if type(cell) is LSTM:
-    return params["W_h"], float(cell.forget_bias)
+    return LSTMArgs(params["W_h"], params["W_x"], params["b"],
+                    float(cell.forget_bias), "lstm")
   if type(cell) is MTSLSTM:
-    return params["W_h"], 0.0
+    return LSTMArgs(params["W_h"], params["W_x"], cell.bias(params), 0.0,
+                    "mts_lstm")
   return None
+
+
+def _checked(where, W_h, x, carry, lengths, layout):
+  """Validates the common arguments; returns (T, B, H, mask [T, B] or None,
+  tr)."""
+  if x.ndim != 3:
+    raise ValueError(f"{where}: inputs must be time-major [T, B, .], got "
+                     f"shape {x.shape}")
+  T, B, _ = x.shape
+  H = W_h.shape[0]
+  if W_h.ndim != 2 or W_h.shape != (H, 4 * H):
+    raise ValueError(f"{where}: W_h must be [H, 4H], got {W_h.shape}")
+  for name, a in (("h", carry.h), ("c", carry.c)):
+    if a.shape != (B, H):
+      raise ValueError(f"{where}: carry.{name} must be [B, H] = [{B}, {H}],"
+                       f" got {a.shape}")
+  if T == 0:
+    raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
+  mask = None
+  if lengths is not None:
+    lengths = jnp.asarray(lengths)
+    if lengths.shape != (B,):
+      raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
+                       f"{lengths.shape}")
+    mask = (jnp.arange(T, dtype=jnp.int32)[:, None]
+            < lengths.astype(jnp.int32)[None, :])                 # [T, B]
+  if layout is None:
+    layout = "gate_major" if H >= GATE_MAJOR_FROM else "batch_major"
+  if layout not in ("gate_major", "batch_major"):
+    raise ValueError(f"{where}: layout must be None, 'gate_major' or "
+                     f"'batch_major', got {layout!r}")
+  tr = layout == "gate_major"
+  if mask is not None:  # in the state's layout: [T, H, B] or [T, B, H]
+    mask = jnp.broadcast_to(mask[:, None, :] if tr else mask[:, :, None],
+                            (T, H, B) if tr else (T, B, H))
+  return mask, tr
+
+
+def lstm_layer(W_h: Array, W_x: Array, b: Array, xs: Array,
+               carry: LSTMCarry, lengths: Array | None = None,
+               forget_bias: float = 0.0, unroll: int = 1,
+               layout: str | None = None, name: str = "lstm_layer"
+               ) -> tuple[LSTMCarry, Array]:
+  """An LSTM layer over time-major inputs: xp_t = x_t W_x + b for all steps
+  in one matmul, then the recurrence, all in one VJP. Its backward forms
+  dW_x = sum_t x_t^T dz_t and dx_t = dz_t W_x^T as one matmul each and sums
+  db, and adds b inside the loop, saving passes over [T, B, 4H] that
+  `lstm_scan` of a precomputed xp leaves to autodiff.
+
+  Args:
+    W_h: recurrent weights [H, 4H] (gate order i, f, g, o).
+    W_x: input weights [D, 4H].
+    b: gate bias [4H].
+    xs: inputs, time-major [T, B, D].
+    carry, lengths, forget_bias, unroll, layout: as `lstm_scan`.
+    name: names the caller in the input-size error.
+
+  Returns:
+    (final carry, ys [T, B, H]).
+  """
+  mask, tr = _checked(name, W_h, xs, carry, lengths, layout)
+  H = W_h.shape[0]
+  check_input(name, xs, W_x.shape[0])
+  if W_x.shape != (W_x.shape[0], 4 * H) or b.shape != (4 * H,):
+    raise ValueError(f"{name}: W_x must be [D, 4H] and b [4H] with H = {H}; "
+                     f"got W_x {W_x.shape}, b {b.shape}")
+  (h, c), ys = _layer(float(forget_bias), int(unroll), tr, W_h, W_x, b, xs,
+                      mask, carry.h, carry.c)
+  return LSTMCarry(h, c), ys
 
 
 def lstm_scan(W_h: Array, xp: Array, carry: LSTMCarry,
@@ -215,41 +322,12 @@ def lstm_scan(W_h: Array, xp: Array, carry: LSTMCarry,
   Returns:
     (final carry, ys [T, B, H]).
   """
-  if xp.ndim != 3:
-    raise ValueError(f"lstm_scan: xp must be [T, B, 4H], got shape "
-                     f"{xp.shape}")
-  T, B, G = xp.shape
+  mask, tr = _checked("lstm_scan", W_h, xp, carry, lengths, layout)
   H = W_h.shape[0]
-  if W_h.shape != (H, 4 * H) or G != 4 * H:
-    raise ValueError(f"lstm_scan: W_h must be [H, 4H] and xp [T, B, 4H]; got "
-                     f"W_h {W_h.shape}, xp {xp.shape}")
-  for name, a in (("h", carry.h), ("c", carry.c)):
-    if a.shape != (B, H):
-      raise ValueError(f"lstm_scan: carry.{name} must be [B, H] = [{B}, {H}],"
-                       f" got {a.shape}")
-  if T == 0:
-    raise ValueError("lstm_scan: xp has no time steps (T = 0)")
-  mask = None
-  if lengths is not None:
-    lengths = jnp.asarray(lengths)
-    if lengths.shape != (B,):
-      raise ValueError(f"lstm_scan: lengths must have shape [B] = [{B}], got "
-                       f"{lengths.shape}")
-    mask = (jnp.arange(T, dtype=jnp.int32)[:, None]
-            < lengths.astype(jnp.int32)[None, :])                 # [T, B]
-  if layout is None:
-    layout = "gate_major" if H >= GATE_MAJOR_FROM else "batch_major"
-  if layout not in ("gate_major", "batch_major"):
-    raise ValueError(f"lstm_scan: layout must be None, 'gate_major' or "
-                     f"'batch_major', got {layout!r}")
-  fb, n = float(forget_bias), int(unroll)
-  if layout == "batch_major":
-    if mask is not None:
-      mask = jnp.broadcast_to(mask[:, :, None], (T, B, H))
-    (h, c), ys = _scan(fb, n, False, W_h, xp, mask, carry.h, carry.c)
-    return LSTMCarry(h, c), ys
-  if mask is not None:
-    mask = jnp.broadcast_to(mask[:, None, :], (T, H, B))
-  (hT, cT), ysT = _scan(fb, n, True, W_h.T, jnp.swapaxes(xp, 1, 2), mask,
-                        carry.h.T, carry.c.T)
-  return LSTMCarry(hT.T, cT.T), jnp.swapaxes(ysT, 1, 2)
+  if xp.shape[-1] != 4 * H:
+    raise ValueError(f"lstm_scan: xp must be [T, B, 4H] with H = {H} (W_h "
+                     f"{W_h.shape}), got xp {xp.shape}")
+  (h, c), ys = _layer(float(forget_bias), int(unroll), tr, W_h, None,
+                      jnp.zeros((4 * H,), xp.dtype), xp, mask, carry.h,
+                      carry.c)
+  return LSTMCarry(h, c), ys

@@ -29,11 +29,10 @@ default for split cells of hidden_size >= FUSED_GRAD_MIN_HIDDEN without
 remat; a cell can opt out with `fused_grad_default = False` (mlstm,
 tensor_rnn).
 
-The LSTM recurrence (`lstm`, `mts_lstm`) has a dedicated primitive,
-`sorjax.fused_lstm.lstm_scan` (transposed gate-major layout, hand-written
-VJP). `unroll` uses it whenever the generic fused path would run and, by
-default, also for hidden sizes below FUSED_LSTM_SMALL_HIDDEN, where its
-vectorised layout beats autodiff's scalar code (see `_lstm_scan_args`).
+The LSTM (`lstm`, `mts_lstm`) has a dedicated layer primitive,
+`sorjax.fused_lstm.lstm_layer` (x W_x + b, the recurrence and all their
+gradients in one hand-written VJP). `unroll` runs it unless fused_grad=False,
+remat or hoist=False asks otherwise (see `_lstm_layer_args`).
 
 Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
 fused_grad=False there.
@@ -130,22 +129,13 @@ def _fused_by_default(cell, remat) -> bool:
           and remat is False)
 
 
-# lstm / mts_lstm through `fused_lstm.lstm_scan` by default when hidden_size
-# < FUSED_LSTM_SMALL_HIDDEN or >= FUSED_GRAD_MIN_HIDDEN. Per core, fwd + bwd,
-# against the autodiff scan (benchmarks/small_model.md, "lstm paths"):
-# 1.19-1.35x at H = 12-24, 0.87-0.89x at H = 32-64 (kept on autodiff there),
-# 1.75x at H = 128, 1.03x / 1.13x at 256 / 512, 1.41x at 1024.
-FUSED_LSTM_SMALL_HIDDEN = 32
-
-
-def _lstm_scan_args(cell, params, hoist, remat, fused_grad, fused):
-  """(W_h, forget_bias) when unroll should run `fused_lstm.lstm_scan`, else
-  None. It replaces the generic fused path (`fused`: fused_grad=True, or
-  None with a large hidden size) and, with fused_grad=None, the autodiff
-  scan of small LSTMs; it needs precompute hoisted and no remat."""
-  small = (fused_grad is None
-           and cell.hidden_size < FUSED_LSTM_SMALL_HIDDEN)
-  if not hoist or remat is not False or not (fused or small):
+def _lstm_layer_args(cell, params, hoist, remat, fused_grad):
+  """`fused_lstm.LSTMArgs` when unroll should run `fused_lstm.lstm_layer`:
+  lstm and mts_lstm, hoisted, without remat, unless fused_grad=False. It
+  measured faster than autodiff of the scan at every size from H = 12 to
+  512, per core and on two threads (benchmarks/small_model.md, "lstm
+  paths")."""
+  if fused_grad is False or not hoist or remat is not False:
     return None
   return fused_lstm.lstm_args(cell, params)
 
@@ -320,8 +310,8 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       are overhead-bound and measured slower fused) and remat=False (remat
       asks for memory, which autodiff's remat saves more of), except cells
       that opt out with `fused_grad_default = False` (mlstm, tensor_rnn).
-      lstm and mts_lstm use `fused_lstm.lstm_scan` instead of the generic
-      fused scan, and with None also below hidden size 32 (module doc).
+      lstm and mts_lstm run `fused_lstm.lstm_layer` at every size with
+      True or None (module doc).
     **aux: extra inputs of the cell, scalars or [B, T] per-token arrays.
   """
   if xs.ndim != 3:
@@ -367,20 +357,22 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
   else:
     mask_tm = jnp.arange(T, dtype=jnp.int32)[:, None] < lengths[None, :]  # [T, B]
 
-  loop = _Loop(cell, hoist, remat, unroll)
-  if hoist:
-    seq, pp = cell.precompute(params, xs_tm, **per_step_tm, **scalar), ()
+  lstm = _lstm_layer_args(cell, params, hoist, remat, fused_grad)
+  if lstm is not None and T > 0:  # x W_x + b inside the layer's own VJP
+    carry, ys = fused_lstm.lstm_layer(lstm.W_h, lstm.W_x, lstm.b, xs_tm,
+                                      carry, lengths, lstm.forget_bias,
+                                      unroll, name=lstm.name)
   else:
-    seq, pp = (xs_tm, per_step_tm), (params, scalar)
-  lstm = _lstm_scan_args(cell, params, hoist, remat, fused_grad, fused)
-  if lstm is not None and T > 0:
-    carry, ys = fused_lstm.lstm_scan(lstm[0], seq, carry, lengths, lstm[1],
-                                     unroll)
-  elif fused:
-    W, q = cell.split(params)
-    carry, ys = _fused_scan(loop, W, q, pp, seq, mask_tm, carry)
-  else:
-    carry, ys = _plain_scan(loop, params, pp, seq, mask_tm, carry)
+    loop = _Loop(cell, hoist, remat, unroll)
+    if hoist:
+      seq, pp = cell.precompute(params, xs_tm, **per_step_tm, **scalar), ()
+    else:
+      seq, pp = (xs_tm, per_step_tm), (params, scalar)
+    if fused:
+      W, q = cell.split(params)
+      carry, ys = _fused_scan(loop, W, q, pp, seq, mask_tm, carry)
+    else:
+      carry, ys = _plain_scan(loop, params, pp, seq, mask_tm, carry)
   ys = jnp.swapaxes(ys, 0, 1)
   if reverse:
     ys = jnp.flip(ys, 1) if lengths is None else _gather_time(ys, idx)

@@ -162,8 +162,8 @@ def test_float32_in_float32_out(layout):
 
 
 @pytest.mark.parametrize("bad, message", [
-    (dict(xp=np.zeros((T, B, 4 * H + 1))), "W_h must be"),
-    (dict(xp=np.zeros((B, 4 * H))), "xp must be"),
+    (dict(xp=np.zeros((T, B, 4 * H + 1))), r"xp must be \[T, B, 4H\]"),
+    (dict(xp=np.zeros((B, 4 * H))), "time-major"),
     (dict(h=np.zeros((B + 1, H))), "carry.h"),
     (dict(lengths=np.zeros((B + 1,), np.int32)), "lengths"),
     (dict(xp=np.zeros((0, B, 4 * H))), "no time steps"),
@@ -198,22 +198,26 @@ def test_scan_prefetch_is_a_scan(reverse):
     scan_prefetch(body, jnp.ones(2), (xs[0][:0], xs[1][:0]))
 
 
+@pytest.mark.parametrize("layout", LAYOUTS)
 @pytest.mark.parametrize("name, hp", [
     ("lstm", dict(forget_bias=1.0)),
     ("mts_lstm", dict(timescales=("inverse_gamma", 1.5))),
 ])
-def test_lstm_args_make_a_scan_of_the_cells_step(name, hp):
+def test_lstm_layer_of_lstm_args_is_a_scan_of_the_cells_step(name, hp,
+                                                             layout):
+  """Values, and gradients w.r.t. every parameter and the inputs (dW_x,
+  db, dx formed inside lstm_layer's VJP), against the cell's own step."""
   from sorjax import cells
-  from sorjax.fused_lstm import lstm_args
+  from sorjax.fused_lstm import lstm_args, lstm_layer
   cell = cells.make(name, hidden_size=H, **hp)
   with jax.enable_x64(True):
     params = cell.init(jax.random.key(0), 3, jnp.float64)
+    params = {k: v + 0.1 for k, v in params.items()}  # no zero bias
     xs = jax.random.normal(jax.random.key(1), (T, B, 3), jnp.float64)
     L = jnp.asarray((4, 3, 1), jnp.int32)
     carry0 = cell.initial_carry(params, (B,))
-    W, fb = lstm_args(cell, params)
 
-    def loop(params):  # the cell's own step, one time step at a time
+    def loop(params, xs):  # the cell's own step, one time step at a time
       carry, ys = carry0, []
       for t in range(T):
         new, y = cell.step(params, carry, cell.precompute(params, xs[t]))
@@ -223,17 +227,23 @@ def test_lstm_args_make_a_scan_of_the_cells_step(name, hp):
         ys.append(jnp.where(m, y, 0.0))
       return jnp.sum(jnp.stack(ys) ** 2) + jnp.sum(carry.c)
 
-    def fused(params):
-      W, fb = lstm_args(cell, params)
-      final, ys = lstm_scan(W, cell.precompute(params, xs), carry0, L, fb)
+    def fused(params, xs):
+      a = lstm_args(cell, params)
+      final, ys = lstm_layer(a.W_h, a.W_x, a.b, xs, carry0, L,
+                             a.forget_bias, layout=layout, name=a.name)
       return jnp.sum(ys ** 2) + jnp.sum(final.c)
 
-    np.testing.assert_allclose(fused(params), loop(params), rtol=1e-12)
-    if name != "lstm":
-      return  # the same recurrence: values suffice; lstm checks gradients
-    got, ref = jax.grad(fused)(params), jax.grad(loop)(params)
-    for k in ref:
-      np.testing.assert_allclose(got[k], ref[k], rtol=1e-9, atol=1e-12)
+    np.testing.assert_allclose(fused(params, xs), loop(params, xs),
+                               rtol=1e-12)
+    got = jax.grad(fused, argnums=(0, 1))(params, xs)
+    ref = jax.grad(loop, argnums=(0, 1))(params, xs)
+    for k in ref[0]:
+      np.testing.assert_allclose(got[0][k], ref[0][k], rtol=1e-9,
+                                 atol=1e-12, err_msg=k)
+    np.testing.assert_allclose(got[1], ref[1], rtol=1e-9, atol=1e-12)
+    with pytest.raises(ValueError, match=f"{name}: .*input size 3.*axis 2"):
+      a = lstm_args(cell, params)
+      lstm_layer(a.W_h, a.W_x, a.b, xs[..., :2], carry0, name=a.name)
 
 
 def test_lstm_args_refuses_other_cells():
@@ -241,3 +251,21 @@ def test_lstm_args_refuses_other_cells():
   from sorjax.fused_lstm import lstm_args
   cell = cells.make("gru", hidden_size=H)
   assert lstm_args(cell, cell.init(jax.random.key(0), 3)) is None
+
+
+@pytest.mark.parametrize("hidden, tr", [(4, False), (8, True)])
+def test_default_layout_is_gate_major_from_the_threshold(monkeypatch, hidden,
+                                                         tr):
+  from sorjax import fused_lstm
+  monkeypatch.setattr(fused_lstm, "GATE_MAJOR_FROM", 8)
+  seen, layer = [], fused_lstm._layer
+
+  def spy(fb, unroll, tr_, *args):
+    seen.append(tr_)
+    return layer(fb, unroll, tr_, *args)
+
+  monkeypatch.setattr(fused_lstm, "_layer", spy)
+  z = jnp.zeros((B, hidden))
+  lstm_scan(jnp.zeros((hidden, 4 * hidden)), jnp.ones((T, B, 4 * hidden)),
+            LSTMCarry(z, z))
+  assert seen == [tr]

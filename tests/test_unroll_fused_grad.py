@@ -50,13 +50,14 @@ def test_every_cell_but_dyck_rnn_has_a_split_step():
 
 
 @pytest.mark.parametrize("key,H_,remat,fused", [
-    ("lstm", 128, False, True), ("mm_rnn", 128, False, True),
-    ("lstm", 127, False, False), ("lstm", 128, True, False),
+    ("gru", 128, False, True), ("mm_rnn", 128, False, True),
+    ("gru", 127, False, False), ("lstm", 12, False, True),
+    ("lstm", 128, True, False),
     ("lstm", 128, "dots", False), ("mlstm", 128, False, False),
     ("tensor_rnn", 128, False, False)])
 def test_default_path_per_cell_size_and_remat(key, H_, remat, fused):
   """fused_grad=None: the custom-VJP scan from hidden size 128 on without
-  remat, unless the cell opts out."""
+  remat, unless the cell opts out; lstm's layer primitive at every size."""
   cell = cells.make(key, **dict(CONFIGS[key], hidden_size=H_))
   params = jax.eval_shape(lambda k: cell.init(k, D), jax.random.key(0))
   xs = jax.ShapeDtypeStruct((B, T, D), jnp.float32)
@@ -66,8 +67,8 @@ def test_default_path_per_cell_size_and_remat(key, H_, remat, fused):
 
 
 @pytest.mark.parametrize("key,H_,opts,expected", [
-    ("lstm", 12, {}, True), ("lstm", 31, {}, True), ("lstm", 32, {}, False),
-    ("lstm", 64, {}, False), ("lstm", 128, {}, True),
+    ("lstm", 12, {}, True), ("lstm", 32, {}, True), ("lstm", 64, {}, True),
+    ("lstm", 128, {}, True),
     ("mts_lstm", 16, {}, True), ("lstm", 64, dict(fused_grad=True), True),
     ("lstm", 128, dict(fused_grad=False), False),
     ("lstm", 12, dict(remat=True), False),
@@ -76,18 +77,18 @@ def test_default_path_per_cell_size_and_remat(key, H_, remat, fused):
     ("gru", 12, dict(fused_grad=True), False)])
 def test_lstm_cells_route_through_fused_lstm(key, H_, opts, expected,
                                              monkeypatch):
-  """lstm / mts_lstm take `fused_lstm.lstm_scan` where it measured faster
-  (H < 32 or H >= 128 by default, and whenever fused_grad=True), never with
-  remat or unhoisted precompute; its result is what unroll returns."""
+  """lstm / mts_lstm take `fused_lstm.lstm_layer` at every size unless
+  fused_grad=False, remat or unhoisted precompute asks otherwise; its result
+  is what unroll returns."""
   import importlib
   fl = importlib.import_module("sorjax.fused_lstm")
   calls = []
-  real = fl.lstm_scan
+  real = fl.lstm_layer
 
   def spy(*a, **k):
     calls.append(a)
     return real(*a, **k)
-  monkeypatch.setattr(fl, "lstm_scan", spy)
+  monkeypatch.setattr(fl, "lstm_layer", spy)
   hp = dict(CONFIGS[key], hidden_size=H_)
   if key == "mts_lstm":
     hp["timescales"] = tuple(float(t + 1) for t in range(H_))
