@@ -29,9 +29,10 @@ drifts between rounds cancels. Sections:
   "R replicas in <= 3x one model" with this code generator.
 - codegen: one elementwise op in a scan, minor dimension small vs large:
   XLA:CPU emits scalar code for small minor dimensions.
-- paths: for lstm at each of --path-shapes, `fused_lstm.lstm_scan` vs the
-  generic batched-dW scan vs autodiff, and what `unroll` picks by default
-  (the measurements behind FUSED_LSTM_SMALL_HIDDEN in sorjax/unroll.py).
+- paths: for lstm at each of --path-shapes, what `unroll` runs by default
+  (`fused_lstm.lstm_layer`) vs `fused_lstm.lstm_scan` of a precomputed xp,
+  the generic batched-dW scan, autodiff and flax (the measurements behind
+  `_lstm_layer_args` in sorjax/unroll.py).
 """
 
 from __future__ import annotations
@@ -207,11 +208,6 @@ def fwd_generic(p, xs):
   return sorjax.unroll(cell, p, xs, fused_grad=True)[1]
 
 
-def fwd_unhoisted(p, xs):
-  """x_t W_x computed inside the scan, as flax does (generic fused path)."""
-  return sorjax.unroll(CELL, p, xs, hoist=False)[1]
-
-
 def fwd_flax(p, xs):
   """flax.linen.RNN(OptimizedLSTMCell) with sorjax's lstm weights (the same
   FLOPs; the values do not matter for timing)."""
@@ -234,7 +230,6 @@ PATHS = {
     "fused_lstm.lstm_scan": fwd_fused,
     "generic fused_grad": fwd_generic,
     "autodiff": fwd_unroll(False),
-    "unhoisted (hoist=False)": fwd_unhoisted,
     "flax OptimizedLSTMCell": fwd_flax,
 }
 PATH_SHAPES = ((10, 200, 12), (10, 200, 16), (10, 200, 24), (10, 200, 32),
@@ -301,30 +296,26 @@ def section_dyck(args):
 
 
 def section_paths(args):
-  """fused_lstm vs the generic batched-dW scan vs autodiff, per shape: the
-  measurements behind unroll's FUSED_LSTM_SMALL_HIDDEN and
-  FUSED_GRAD_MIN_HIDDEN for lstm."""
+  """What `unroll` runs for lstm by default (fused_lstm.lstm_layer) vs
+  fused_lstm.lstm_scan of a precomputed xp, the generic batched-dW scan,
+  autodiff and flax, per shape."""
   rows, before = [], (B, T, H)
   for shape in args.path_shapes:
     set_shape(*shape)
     cases = [grad_case(k, f) for k, f in PATHS.items()]
     ts = rounds(cases, args.rounds, args.min_seconds)
-    fl = "fused_lstm.lstm_scan"
+    d = "unroll default"
     rows.append([f"({B}, {T}, {H})",
-                 f"{B * T / statistics.median(ts[fl]):,.0f}",
-                 f"{ratio(ts, 'generic fused_grad', fl):.2f}x",
-                 f"{ratio(ts, 'autodiff', fl):.2f}x",
-                 f"{ratio(ts, 'autodiff', 'unroll default'):.2f}x",
-                 f"{ratio(ts, 'flax OptimizedLSTMCell', 'unroll default'):.2f}x",
-                 f"{ratio(ts, 'flax OptimizedLSTMCell', 'unhoisted (hoist=False)'):.2f}x"])
+                 f"{B * T / statistics.median(ts[d]):,.0f}"]
+                + [f"{ratio(ts, other, d):.2f}x"
+                   for other in ("fused_lstm.lstm_scan", "generic fused_grad",
+                                 "autodiff", "flax OptimizedLSTMCell")])
     print(f"  {rows[-1]}", flush=True)
   set_shape(*before)
   print("## lstm paths through unroll, forward + backward\n")
-  print(table(["(B, T, H)", f"lstm_scan tokens/{args.clock}-s",
-               "lstm_scan vs generic fused_grad", "lstm_scan vs autodiff",
-               "unroll default vs autodiff", "unroll default vs flax",
-               "hoist=False vs flax"],
-              rows) + "\n")
+  print(table(["(B, T, H)", f"default tokens/{args.clock}-s",
+               "default vs lstm_scan", "default vs generic fused_grad",
+               "default vs autodiff", "default vs flax"], rows) + "\n")
 
 
 def section_replicas(args):

@@ -50,7 +50,7 @@ Array = jax.Array
 
 # lstm_scan's default layout: batch-major below this hidden size, gate-major
 # from it (module doc).
-GATE_MAJOR_FROM = 512
+GATE_MAJOR_FROM = 1024
 
 
 def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
