@@ -53,12 +53,12 @@ import sorjax
 from sorjax import cells
 from sorjax.cells.lstm import LSTM
 from benchmarks.jax_worker import JaxCase
-from sorjax.fused_lstm import lstm_scan, scan_prefetch
+from sorjax.fused_lstm import lstm_layer, lstm_scan, scan_prefetch
 
 B, T, H = 10, 200, 12
 CLOCK = time.process_time   # --clock wall: time.perf_counter
 D = H
-SECTIONS = ("dyck", "replicas", "floor", "codegen", "paths")
+SECTIONS = ("dyck", "replicas", "floor", "codegen", "paths", "layouts")
 
 
 # ------------------------------------------------------------------ timing
@@ -318,6 +318,43 @@ def section_paths(args):
                "default vs autodiff", "default vs flax"], rows) + "\n")
 
 
+def fwd_layer(layout):
+  """fused_lstm.lstm_layer in the given layout (None: its default)."""
+  def fwd(p, xs):
+    _, ys = lstm_layer(p["W_h"], p["W_x"], p["b"], jnp.swapaxes(xs, 0, 1),
+                       CELL.initial_carry(p, (xs.shape[0],)),
+                       forget_bias=CELL.forget_bias, layout=layout)
+    return jnp.swapaxes(ys, 0, 1)
+  return fwd
+
+
+LAYOUTS = {
+    "lstm_layer batch_major": fwd_layer("batch_major"),
+    "lstm_layer gate_major": fwd_layer("gate_major"),
+    "flax OptimizedLSTMCell": fwd_flax,
+}
+
+
+def section_layouts(args):
+  """fused_lstm.lstm_layer's two layouts against flax, per shape: the
+  measurements behind GATE_MAJOR_FROM in sorjax/fused_lstm.py."""
+  rows, before = [], (B, T, H)
+  for shape in args.path_shapes:
+    set_shape(*shape)
+    cases = [grad_case(k, f) for k, f in LAYOUTS.items()]
+    ts = rounds(cases, args.rounds, args.min_seconds)
+    fl = "flax OptimizedLSTMCell"
+    rows.append([f"({B}, {T}, {H})"]
+                + [f"{B * T / statistics.median(ts[k]):,.0f}"
+                   for k in LAYOUTS]
+                + [f"{ratio(ts, fl, k):.2f}x" for k in list(LAYOUTS)[:2]])
+    print(f"  {rows[-1]}", flush=True)
+  set_shape(*before)
+  print("## lstm_layer layouts, forward + backward\n")
+  print(table(["(B, T, H)"] + [f"{k} tokens/{args.clock}-s" for k in LAYOUTS]
+              + ["batch_major vs flax", "gate_major vs flax"], rows) + "\n")
+
+
 def section_replicas(args):
   R = args.replicas
   fwds = dict(CONTENDERS)
@@ -417,7 +454,8 @@ def main(argv=None):
                   help="B,T,H of every section (D = H)")
   ap.add_argument("--path-shapes", default=";".join(
       ",".join(map(str, s)) for s in PATH_SHAPES),
-                  help="B,T,H;B,T,H;... of the 'paths' section")
+                  help="B,T,H;B,T,H;... of the 'paths' and 'layouts' "
+                  "sections")
   ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                   help="JAX timings: CPU time of this process (default; "
                   "per core) or wall time (for multi-threaded runs)")

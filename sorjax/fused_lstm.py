@@ -1,15 +1,21 @@
-"""The LSTM recurrence as one primitive with a hand-written VJP.
+"""The LSTM layer as one primitive with a hand-written VJP.
 
     z_t = xp_t + h_{t-1} W_h            (xp_t = x_t W_x + b, hoisted)
     [i, f, g, o] = z_t                  (gate order of `sorjax.cells.lstm`)
     c_t = sigma(f + forget_bias) c_{t-1} + sigma(i) tanh(g)
     h_t = sigma(o) tanh(c_t)
 
-`lstm_scan` computes what `sorjax.unroll` computes for an `lstm` cell (same
-masking by `lengths`: padded steps keep the carry and emit zeros), with
-fewer and cheaper XLA:CPU kernels per step than autodiff of a scan. What
-makes the difference, each found with `jax.profiler` traces of the compiled
-loops and measured (benchmarks/small_model.md, "fused_lstm layouts"):
+`lstm_layer` (inputs x_t, weights W_x, b, W_h) and `lstm_scan` (a
+precomputed xp) compute what `sorjax.unroll` computes for an `lstm` cell
+(same masking by `lengths`: padded steps keep the carry and emit zeros),
+with fewer and cheaper XLA:CPU kernels than autodiff of a scan. What makes
+the difference, each found with `jax.profiler` traces of the compiled loops
+and measured (benchmarks/small_model.md, "lstm paths" and "lstm_layer
+layouts"):
+
+- The whole layer is one VJP: x W_x for all steps is one matmul before the
+  loop, b is added inside it (no pass over [T, B, 4H] for the bias), and
+  after the backward loop dW_h, dW_x, dx are one matmul each and db one sum.
 
 - All four activations are ONE elementwise map over z in its own layout,
   A = alpha tanh(beta z + gamma) + delta with per-gate-row constants
@@ -26,10 +32,9 @@ loops and measured (benchmarks/small_model.md, "fused_lstm layouts"):
   (`scan_prefetch`). A dynamic slice of a scan input that is used more than
   once inside a fusion is emitted as an outlined helper whose index load
   LLVM cannot hoist, which blocks vectorisation of the whole fusion.
-- A hand-written backward: it saves the activations A_t and c_{t-1} and
-  recomputes only tanh(c_t); the weight gradient dW_h = sum_t h_{t-1}^T
-  dz_t is ONE matmul after the backward loop (what cuDNN and oneDNN do),
-  not T small ones.
+- The backward saves the activations A_t and c_{t-1} and recomputes only
+  tanh(c_t); dW_h = sum_t h_{t-1}^T dz_t is ONE matmul after the backward
+  loop (what cuDNN and oneDNN do), not T small ones.
 
 Forward-mode autodiff (jvp, jacfwd) is not defined through this primitive
 (a `jax.custom_vjp`); reverse mode, vmap and jit are.
@@ -48,8 +53,8 @@ from sorjax.cells.base import LSTMCarry, check_input
 
 Array = jax.Array
 
-# lstm_scan's default layout: batch-major below this hidden size, gate-major
-# from it (module doc).
+# The default layout: batch-major below this hidden size, gate-major from it
+# (module doc; benchmarks/small_model.md "lstm_layer layouts").
 GATE_MAJOR_FROM = 1024
 
 

@@ -255,3 +255,4 @@ def test_small_model_study_runs(capsys):
   out = capsys.readouterr().out
   assert "sorjax" in out and "replicas" in out
   assert "| (2, 3, 4) |" in out and "lstm paths" in out
+  assert "lstm_layer layouts" in out
