@@ -295,23 +295,30 @@ def section_dyck(args):
               rows) + "\n")
 
 
+def per_shape(args, contenders, row):
+  """For each of --path-shapes: time `contenders` (label -> fwd) in rounds
+  and make a table row `row(ts)`; the shape is restored after."""
+  rows, before = [], (B, T, H)
+  for shape in args.path_shapes:
+    set_shape(*shape)
+    cases = [grad_case(k, f) for k, f in contenders.items()]
+    rows.append([f"({B}, {T}, {H})"]
+                + row(rounds(cases, args.rounds, args.min_seconds)))
+    print(f"  {rows[-1]}", flush=True)
+  set_shape(*before)
+  return rows
+
+
 def section_paths(args):
   """What `unroll` runs for lstm by default (fused_lstm.lstm_layer) vs
   fused_lstm.lstm_scan of a precomputed xp, the generic batched-dW scan,
   autodiff and flax, per shape."""
-  rows, before = [], (B, T, H)
-  for shape in args.path_shapes:
-    set_shape(*shape)
-    cases = [grad_case(k, f) for k, f in PATHS.items()]
-    ts = rounds(cases, args.rounds, args.min_seconds)
-    d = "unroll default"
-    rows.append([f"({B}, {T}, {H})",
-                 f"{B * T / statistics.median(ts[d]):,.0f}"]
-                + [f"{ratio(ts, other, d):.2f}x"
-                   for other in ("fused_lstm.lstm_scan", "generic fused_grad",
-                                 "autodiff", "flax OptimizedLSTMCell")])
-    print(f"  {rows[-1]}", flush=True)
-  set_shape(*before)
+  d = "unroll default"
+  rows = per_shape(args, PATHS, lambda ts: (
+      [f"{B * T / statistics.median(ts[d]):,.0f}"]
+      + [f"{ratio(ts, other, d):.2f}x"
+         for other in ("fused_lstm.lstm_scan", "generic fused_grad",
+                       "autodiff", "flax OptimizedLSTMCell")]))
   print("## lstm paths through unroll, forward + backward\n")
   print(table(["(B, T, H)", f"default tokens/{args.clock}-s",
                "default vs lstm_scan", "default vs generic fused_grad",
@@ -338,18 +345,10 @@ LAYOUTS = {
 def section_layouts(args):
   """fused_lstm.lstm_layer's two layouts against flax, per shape: the
   measurements behind GATE_MAJOR_FROM in sorjax/fused_lstm.py."""
-  rows, before = [], (B, T, H)
-  for shape in args.path_shapes:
-    set_shape(*shape)
-    cases = [grad_case(k, f) for k, f in LAYOUTS.items()]
-    ts = rounds(cases, args.rounds, args.min_seconds)
-    fl = "flax OptimizedLSTMCell"
-    rows.append([f"({B}, {T}, {H})"]
-                + [f"{B * T / statistics.median(ts[k]):,.0f}"
-                   for k in LAYOUTS]
-                + [f"{ratio(ts, fl, k):.2f}x" for k in list(LAYOUTS)[:2]])
-    print(f"  {rows[-1]}", flush=True)
-  set_shape(*before)
+  fl = "flax OptimizedLSTMCell"
+  rows = per_shape(args, LAYOUTS, lambda ts: (
+      [f"{B * T / statistics.median(ts[k]):,.0f}" for k in LAYOUTS]
+      + [f"{ratio(ts, fl, k):.2f}x" for k in list(LAYOUTS)[:2]]))
   print("## lstm_layer layouts, forward + backward\n")
   print(table(["(B, T, H)"] + [f"{k} tokens/{args.clock}-s" for k in LAYOUTS]
               + ["batch_major vs flax", "gate_major vs flax"], rows) + "\n")

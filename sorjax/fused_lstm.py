@@ -87,10 +87,11 @@ def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
 
 
 def _activation_consts(H: int, forget_bias: float, dtype, tr: bool):
-  """(alpha, beta, gamma, delta) per gate row of z, in z's layout, such that
-  A = alpha tanh(beta z + gamma) + delta is [sigma(i), sigma(f +
-  forget_bias), tanh(g), sigma(o)]: sigma(x) = tanh(x / 2) / 2 + 1 / 2.
-  One elementwise map over all of z, vectorised along its minor axis."""
+  """(s, gamma, delta) per gate row of z, in z's layout, such that
+  A = s tanh(s z + gamma) + delta (alpha = beta = s in the module doc) is
+  [sigma(i), sigma(f + forget_bias), tanh(g), sigma(o)]: sigma(x) =
+  tanh(x / 2) / 2 + 1 / 2. One elementwise map over all of z, vectorised
+  along its minor axis."""
   s = np.repeat(np.array([0.5, 0.5, 1.0, 0.5]), H)       # alpha = beta
   gamma = np.repeat(np.array([0.0, 0.5 * forget_bias, 0.0, 0.0]), H)
   delta = np.repeat(np.array([0.5, 0.5, 0.0, 0.5]), H)
