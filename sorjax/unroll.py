@@ -132,9 +132,10 @@ def _fused_by_default(cell, remat) -> bool:
 def _lstm_layer_args(cell, params, hoist, remat, fused_grad):
   """`fused_lstm.LSTMArgs` when unroll should run `fused_lstm.lstm_layer`:
   lstm and mts_lstm, hoisted, without remat, unless fused_grad=False. It
-  measured faster than autodiff of the scan at every size from H = 12 to
-  512, per core and on two threads (benchmarks/small_model.md, "lstm
-  paths")."""
+  measured 1.23-1.84x autodiff of the scan at every size from H = 12 to
+  1024 on two threads (benchmarks/small_model.md, "lstm paths"), and
+  1.09-1.36x per core at H = 256 / 512 / 1024 (benchmarks/RESULTS.md run
+  K)."""
   if fused_grad is False or not hoist or remat is not False:
     return None
   return fused_lstm.lstm_args(cell, params)
@@ -358,7 +359,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
     mask_tm = jnp.arange(T, dtype=jnp.int32)[:, None] < lengths[None, :]  # [T, B]
 
   lstm = _lstm_layer_args(cell, params, hoist, remat, fused_grad)
-  if lstm is not None and T > 0:  # x W_x + b inside the layer's own VJP
+  if lstm is not None and T > 0 and not aux:  # x W_x + b inside its VJP
     carry, ys = fused_lstm.lstm_layer(lstm.W_h, lstm.W_x, lstm.b, xs_tm,
                                       carry, lengths, lstm.forget_bias,
                                       unroll, name=lstm.name)

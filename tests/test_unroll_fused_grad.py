@@ -398,3 +398,13 @@ def test_bad_remat_and_fused_grad_values_are_named():
     sorjax.unroll(cell, params, xs, remat="everything")
   with pytest.raises(ValueError, match="fused_grad must be None, True or"):
     sorjax.unroll(cell, params, xs, fused_grad="yes")
+
+
+def test_lstm_refuses_an_aux_it_does_not_take():
+  """The lstm layer path takes no aux; one given is refused by name, not
+  silently dropped."""
+  cell = cells.make("lstm", hidden_size=4)
+  params = cell.init(jax.random.key(0), D)
+  with pytest.raises(TypeError, match="temperature"):
+    sorjax.unroll(cell, params, jnp.ones((B, T, D)),
+                  temperature=jnp.ones((B, T)))
