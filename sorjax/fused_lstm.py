@@ -194,16 +194,20 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
   # h_{t-1}: the carry before step t. y_t equals the carry h_t on valid steps
   # and valid steps form a prefix, so dz_t = 0 wherever y_{t-1} is a padding 0.
   hprev = jnp.concatenate([h0[None], ys2[:-1]], axis=0)
+  # Sums over all T*B rows, accumulated in at least float32.
+  acc = W_h.dtype if jnp.finfo(W_h.dtype).bits >= 32 else jnp.float32
+  wsum = lambda spec, a, d: jnp.einsum(  # noqa: E731
+      spec, a, d, preferred_element_type=acc).astype(W_h.dtype)
   if tr:  # dW_h = sum_t h_{t-1}^T dz_t: one matmul over all T*B rows
-    dW_h = jnp.einsum("thb,tnb->hn", hprev, dzs)
+    dW_h = wsum("thb,tnb->hn", hprev, dzs)
     dzs, dh0, dc0 = jnp.swapaxes(dzs, 1, 2), dh0.T, dc0.T  # [T, B, 4H]
   else:
-    dW_h = jnp.einsum("tbh,tbn->hn", hprev, dzs)
-  db = jnp.sum(dzs, axis=(0, 1))
+    dW_h = wsum("tbh,tbn->hn", hprev, dzs)
+  db = jnp.sum(dzs, axis=(0, 1), dtype=acc).astype(W_h.dtype)
   if W_x is None:
     dW_x, dxs = None, dzs
   else:  # through x_t W_x, one matmul each
-    dW_x = jnp.einsum("tbd,tbn->dn", xs, dzs)
+    dW_x = wsum("tbd,tbn->dn", xs, dzs)
     dxs = jnp.einsum("tbn,dn->tbd", dzs, W_x)
   return dW_h, dW_x, db, dxs, None, dh0, dc0  # no cotangent for the mask
 

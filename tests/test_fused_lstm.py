@@ -269,3 +269,31 @@ def test_default_layout_is_gate_major_from_the_threshold(monkeypatch, hidden,
   lstm_scan(jnp.zeros((hidden, 4 * hidden)), jnp.ones((T, B, 4 * hidden)),
             LSTMCarry(z, z))
   assert seen == [tr]
+
+
+@pytest.mark.parametrize("layout", LAYOUTS)
+def test_bfloat16_weight_gradients_are_summed_in_float32(layout):
+  """dW_h, dW_x, db sum T*B rows: in bfloat16 they stay within bfloat16
+  rounding of the float32 gradients (per-row bfloat16 accumulation over
+  T*B = 768 rows would not)."""
+  from sorjax.fused_lstm import lstm_layer
+  T_, B_, D_, H_ = 64, 12, 8, 8
+  r = np.random.default_rng(3)
+  W_h, W_x = r.normal(size=(H_, 4 * H_)) / 3, r.normal(size=(D_, 4 * H_)) / 3
+  b, xs = r.normal(size=(4 * H_,)) / 3, r.normal(size=(T_, B_, D_))
+
+  def grads(dtype):
+    z = jnp.zeros((B_, H_), dtype)
+
+    def loss(W_h, W_x, b):
+      _, ys = lstm_layer(W_h, W_x, b, jnp.asarray(xs, dtype),
+                         LSTMCarry(z, z), layout=layout)
+      return jnp.sum(ys.astype(jnp.float32))
+    args = [jnp.asarray(a, dtype) for a in (W_h, W_x, b)]
+    return jax.grad(loss, argnums=(0, 1, 2))(*args)
+
+  for g16, g32 in zip(grads(jnp.bfloat16), grads(jnp.float32)):
+    assert g16.dtype == jnp.bfloat16
+    scale = float(jnp.max(jnp.abs(g32)))
+    np.testing.assert_allclose(np.asarray(g16, np.float32), g32,
+                               atol=0.05 * scale)
