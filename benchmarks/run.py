@@ -865,7 +865,9 @@ def parse_args(argv=None):
                   action="store_false",
                   help="skip the fresh-process torch memory measurements")
   ap.add_argument("--out", default=None,
-                  help="markdown report (default benchmarks/RESULTS.md; "
+                  help="markdown report (default a new file "
+                       "benchmarks/reports/<UTC time>-<profile>.md, so the "
+                       "curated benchmarks/RESULTS.md is never overwritten; "
                        "'-' for none)")
   ap.add_argument("--json", default=None, help="raw measurements as JSON")
   args = ap.parse_args(argv)
@@ -899,8 +901,9 @@ def main(argv=None) -> int:
   profile = dataclasses.replace(profile, **over)
   torch_ok = (not args.no_torch
               and importlib.util.find_spec("torch") is not None)
-  out = (ROOT / "benchmarks" / "RESULTS.md" if args.out is None
-         else None if args.out == "-" else Path(args.out))
+  stamp = datetime.datetime.now(datetime.timezone.utc)
+  out = (ROOT / "benchmarks" / "reports" / f"{stamp:%Y%m%d-%H%M%S}-{name}.md"
+         if args.out is None else None if args.out == "-" else Path(args.out))
   log = Path(os.environ.get("TMPDIR", "/tmp")) / f"sorjax-bench-{os.getpid()}.log"
 
   cmd = "python -m benchmarks.run" + ("" if argv is None and len(sys.argv) < 2

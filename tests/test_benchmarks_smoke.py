@@ -186,6 +186,19 @@ def _groups(path):
           for g in json.loads(path.read_text())]
 
 
+def test_default_report_is_a_new_file_not_results_md(tmp_path, monkeypatch):
+  """Without --out the report goes to a new file under benchmarks/reports:
+  the curated benchmarks/RESULTS.md is never overwritten."""
+  (tmp_path / "benchmarks").mkdir()
+  curated = tmp_path / "benchmarks" / "RESULTS.md"
+  curated.write_text("curated\n")
+  monkeypatch.setattr(run, "ROOT", tmp_path)
+  assert run.main(["--smoke", "--no-torch", "--sections", "unroll"]) == 0
+  assert curated.read_text() == "curated\n"
+  reports = list((tmp_path / "benchmarks" / "reports").glob("*-smoke.md"))
+  assert len(reports) == 1 and "unroll factor" in reports[0].read_text()
+
+
 def test_smoke_run_jax_only(tmp_path):
   out, raw = tmp_path / "r.md", tmp_path / "r.json"
   assert run.main(["--smoke", "--no-torch", "--sections", "dyck",
