@@ -187,7 +187,8 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
       dc_prev = dc_prev + jnp.where(m, jnp.zeros_like(dc), dc)
     return (dh_prev, dc_prev), dz
 
-  W_hT = W_h.T  # once: a per-step dot on a transposed operand is slower
+  # batch-major: W_h^T once (a per-step dot on a transposed operand is slower)
+  W_hT = None if tr else W_h.T
   inputs = (As, cs, dys) if mask is None else (As, cs, dys, mask)
   (dh0, dc0), dzs = scan_prefetch(body, (dh_T, dc_T), inputs, reverse=True,
                                   unroll=unroll)
@@ -242,15 +243,16 @@ def lstm_args(cell, params) -> LSTMArgs | None:
 
 
 def _checked(where, W_h, x, carry, lengths, layout):
-  """Validates the common arguments; returns (T, B, H, mask [T, B] or None,
-  tr)."""
+  """Validates the common arguments; returns (mask or None, tr): the mask of
+  valid steps broadcast to the loop's state layout ([T, H, B] gate-major,
+  [T, B, H] batch-major), tr whether the layout is gate-major."""
   if x.ndim != 3:
     raise ValueError(f"{where}: inputs must be time-major [T, B, .], got "
                      f"shape {x.shape}")
   T, B, _ = x.shape
-  H = W_h.shape[0]
-  if W_h.ndim != 2 or W_h.shape != (H, 4 * H):
+  if W_h.ndim != 2 or W_h.shape[1] != 4 * W_h.shape[0]:
     raise ValueError(f"{where}: W_h must be [H, 4H], got {W_h.shape}")
+  H = W_h.shape[0]
   for name, a in (("h", carry.h), ("c", carry.c)):
     if a.shape != (B, H):
       raise ValueError(f"{where}: carry.{name} must be [B, H] = [{B}, {H}],"
