@@ -32,6 +32,11 @@ layouts"):
   (`scan_prefetch`). A dynamic slice of a scan input that is used more than
   once inside a fusion is emitted as an outlined helper whose index load
   LLVM cannot hoist, which blocks vectorisation of the whole fusion.
+- The [T, B, 4H] buffers are reused in place (`scan_overwrite`): the
+  forward writes A_t over xp_t once it has read it, and the backward writes
+  dz_t over A_t. A stacked scan output would instead be a fresh
+  zero-filled [T, B, 4H] buffer on every call; at B=32 H=256 that fill ran
+  beside the x W_x matmul and slowed it by a third (two threads).
 - The backward saves the activations A_t and c_{t-1} and recomputes only
   tanh(c_t); dW_h = sum_t h_{t-1}^T dz_t is ONE matmul after the backward
   loop (what cuDNN and oneDNN do), not T small ones.
@@ -58,6 +63,34 @@ Array = jax.Array
 GATE_MAJOR_FROM = 1024
 
 
+def _scan_ahead(where, body, carry, buf, xs, reverse, unroll):
+  """The loop of `scan_prefetch` (buf None) and `scan_overwrite`: step t
+  gets buf[t] and x_t in its carry, sliced by step t - 1 (t + 1 when
+  reverse), and body's w_t is written over buf[t]."""
+  leaves = jax.tree_util.tree_leaves((buf, xs))
+  if not leaves or leaves[0].shape[0] == 0:
+    raise ValueError(f"{where}: xs has no steps (leading axis 0)")
+  n = leaves[0].shape[0]
+
+  def at(tree, t):
+    return jax.tree_util.tree_map(
+        lambda a: jax.lax.dynamic_index_in_dim(a, t, keepdims=False), tree)
+
+  def wrapped(state, t):
+    c, b_t, x_t, b = state
+    c, y, w = body(c, b_t, x_t)
+    if b is not None:
+      b = jax.lax.dynamic_update_index_in_dim(b, w.astype(b.dtype), t, 0)
+    nxt = jnp.clip(t - 1 if reverse else t + 1, 0, n - 1)
+    return (c, at(b, nxt), at(xs, nxt), b), y
+
+  t0 = n - 1 if reverse else 0
+  (carry, _, _, buf), ys = jax.lax.scan(
+      wrapped, (carry, at(buf, t0), at(xs, t0), buf),
+      jnp.arange(n, dtype=jnp.int32), reverse=reverse, unroll=unroll)
+  return carry, ys, buf
+
+
 def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
                   unroll: int = 1):
   """`jax.lax.scan(body, carry, xs, reverse=reverse)`, with x_t handed to the
@@ -65,25 +98,25 @@ def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
 
   xs must have at least one step along its leading axis.
   """
-  n = jax.tree_util.tree_leaves(xs)[0].shape[0]
-  if n == 0:
-    raise ValueError("scan_prefetch: xs has no steps (leading axis 0)")
-
-  def at(t):
-    return jax.tree_util.tree_map(
-        lambda a: jax.lax.dynamic_index_in_dim(a, t, keepdims=False), xs)
-
-  def wrapped(state, t):
-    c, x = state
+  def step(c, _, x):
     c, y = body(c, x)
-    nxt = jnp.clip(t - 1 if reverse else t + 1, 0, n - 1)
-    return (c, at(nxt)), y
-
-  first = at(n - 1 if reverse else 0)
-  (carry, _), ys = jax.lax.scan(wrapped, (carry, first),
-                                jnp.arange(n, dtype=jnp.int32),
-                                reverse=reverse, unroll=unroll)
+    return c, y, None
+  carry, ys, _ = _scan_ahead("scan_prefetch", step, carry, None, xs, reverse,
+                             unroll)
   return carry, ys
+
+
+def scan_overwrite(body: Callable, carry: Any, buf: Array, xs: Any,
+                   reverse: bool = False, unroll: int = 1):
+  """A scan that consumes buf[t] and writes a result of the same shape over
+  it: body(carry, buf[t], x_t) -> (carry, y_t, w_t), and buf[t] = w_t after
+  step t (module doc). Returns (carry, ys, buf with every w_t). Like
+  `scan_prefetch`, buf[t] and x_t reach step t sliced one step ahead.
+
+  Because buf is a loop carry, XLA updates it in place when the caller's
+  buffer is dead afterwards, and copies it once otherwise. xs may be None.
+  """
+  return _scan_ahead("scan_overwrite", body, carry, buf, xs, reverse, unroll)
 
 
 def _activation_consts(H: int, forget_bias: float, dtype, tr: bool):
@@ -110,9 +143,8 @@ def _forward(forget_bias, unroll, tr, W2, b2, xp2, mask, h0, c0):
                                        W2.dtype, tr)
   gamma = gamma + s * b2  # the bias enters the map: s (z + b) + gamma
 
-  def body(carry, inp):
+  def body(carry, x, m):  # x = xp_t, overwritten with A_t
     h, c = carry
-    x, m = inp if mask is not None else (inp, None)
     A = s * jnp.tanh(s * (x + (W2 @ h if tr else h @ W2)) + gamma) + delta
     si, sf, tg, so = jnp.split(A, 4, axis=ax)
     c_new = sf * c + si * tg                               # c_t
@@ -122,10 +154,10 @@ def _forward(forget_bias, unroll, tr, W2, b2, xp2, mask, h0, c0):
       h_new, c_new = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
     else:
       y = h_new
-    return (h_new, c_new), (y, A, c)
+    return (h_new, c_new), (y, c), A
 
-  inputs = xp2 if mask is None else (xp2, mask)
-  (h, c), (ys, As, cs) = scan_prefetch(body, (h0, c0), inputs, unroll=unroll)
+  (h, c), (ys, cs), As = scan_overwrite(body, (h0, c0), xp2, mask,
+                                        unroll=unroll)
   return (h, c), ys, (As, cs)
 
 
@@ -163,12 +195,12 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
   if tr:  # into the loop's layout
     h0, dh_T, dc_T, dys = h0.T, dh_T.T, dc_T.T, jnp.swapaxes(dys, 1, 2)
 
-  def body(carry, inp):
+  def body(carry, A, inp):  # A = A_t, overwritten with dz_t
     dh, dc = carry
     if mask is None:
-      (A, c0, dy), m = inp, None
+      (c0, dy), m = inp, None
     else:
-      A, c0, dy, m = inp
+      c0, dy, m = inp
     si, sf, tg, so = jnp.split(A, 4, axis=ax)
     tc = jnp.tanh(sf * c0 + si * tg)                       # tanh(c_t)
     dh_t = dh + dy                                         # dL/dh_t
@@ -185,13 +217,13 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
     if m is not None:
       dh_prev = dh_prev + jnp.where(m, jnp.zeros_like(dh), dh)
       dc_prev = dc_prev + jnp.where(m, jnp.zeros_like(dc), dc)
-    return (dh_prev, dc_prev), dz
+    return (dh_prev, dc_prev), None, dz
 
   # batch-major: W_h^T once (a per-step dot on a transposed operand is slower)
   W_hT = None if tr else W_h.T
-  inputs = (As, cs, dys) if mask is None else (As, cs, dys, mask)
-  (dh0, dc0), dzs = scan_prefetch(body, (dh_T, dc_T), inputs, reverse=True,
-                                  unroll=unroll)
+  inputs = (cs, dys) if mask is None else (cs, dys, mask)
+  (dh0, dc0), _, dzs = scan_overwrite(body, (dh_T, dc_T), As, inputs,
+                                      reverse=True, unroll=unroll)
   # h_{t-1}: the carry before step t. y_t equals the carry h_t on valid steps
   # and valid steps form a prefix, so dz_t = 0 wherever y_{t-1} is a padding 0.
   hprev = jnp.concatenate([h0[None], ys2[:-1]], axis=0)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from sorjax.cells.base import LSTMCarry
-from sorjax.fused_lstm import lstm_scan, scan_prefetch
+from sorjax.fused_lstm import lstm_scan, scan_overwrite, scan_prefetch
 
 B, T, H = 3, 4, 4
 
@@ -196,6 +196,31 @@ def test_scan_prefetch_is_a_scan(reverse):
     np.testing.assert_array_equal(g, r)
   with pytest.raises(ValueError, match="no steps"):
     scan_prefetch(body, jnp.ones(2), (xs[0][:0], xs[1][:0]))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("with_xs", [False, True])
+def test_scan_overwrite_writes_each_step_over_its_input(reverse, with_xs):
+  buf = jnp.arange(12.0).reshape(6, 2)
+  xs = jnp.arange(6.0) + 10 if with_xs else None
+
+  def body(c, b, x):  # w_t depends on the carry, so the order is checked
+    x = 1.0 if x is None else x
+    c = 0.5 * c + b * x
+    return c, c.sum(), 2.0 * b + c
+
+  def ref_body(c, inp):
+    c, y, w = body(c, *inp)
+    return c, (y, w)
+
+  rc, (ry, rw) = jax.lax.scan(ref_body, jnp.ones(2), (buf, xs),
+                              reverse=reverse)
+  c, ys, w = jax.jit(lambda b: scan_overwrite(body, jnp.ones(2), b, xs,
+                                              reverse=reverse))(buf)
+  for g, r in ((c, rc), (ys, ry), (w, rw)):
+    np.testing.assert_allclose(g, r, rtol=1e-6)
+  with pytest.raises(ValueError, match="scan_overwrite: xs has no steps"):
+    scan_overwrite(body, jnp.ones(2), buf[:0], None)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
