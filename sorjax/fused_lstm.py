@@ -231,16 +231,18 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
   acc = W_h.dtype if jnp.finfo(W_h.dtype).bits >= 32 else jnp.float32
   wsum = lambda spec, a, d: jnp.einsum(  # noqa: E731
       spec, a, d, preferred_element_type=acc).astype(W_h.dtype)
-  if tr:  # dW_h = sum_t h_{t-1}^T dz_t: one matmul over all T*B rows
-    dW_h = wsum("thb,tnb->hn", hprev, dzs)
-    dzs, dh0, dc0 = jnp.swapaxes(dzs, 1, 2), dh0.T, dc0.T  # [T, B, 4H]
-  else:
-    dW_h = wsum("tbh,tbn->hn", hprev, dzs)
+  if tr:  # back to [T, B, .]
+    dzs, hprev, dh0, dc0 = (jnp.swapaxes(dzs, 1, 2),
+                            jnp.swapaxes(hprev, 1, 2), dh0.T, dc0.T)
+  # The weight sums contract ONE axis of T*B rows: contracting (t, b) as two
+  # axes, XLA:CPU transposed dz to [B, T, 4H] first (a pass over it).
+  rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
+  dW_h = wsum("kh,kn->hn", rows(hprev), rows(dzs))  # sum_t h_{t-1}^T dz_t
   db = jnp.sum(dzs, axis=(0, 1), dtype=acc).astype(W_h.dtype)
   if W_x is None:
     dW_x, dxs = None, dzs
   else:  # through x_t W_x, one matmul each
-    dW_x = wsum("tbd,tbn->dn", xs, dzs)
+    dW_x = wsum("kd,kn->dn", rows(xs), rows(dzs))
     dxs = jnp.einsum("tbn,dn->tbd", dzs, W_x)
   return dW_h, dW_x, db, dxs, None, dh0, dc0  # no cotangent for the mask
 
