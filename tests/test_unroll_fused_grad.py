@@ -291,14 +291,9 @@ def test_backward_forms_dW_in_one_matmul_not_per_step(key):
   assert not per_step_dW(fused)
   assert per_step_dW(plain), "the check must see autodiff's accumulator"
   # dW = r^T dz over all T*B rows: one dot_general outside every scan
-  # (for lstm, fused_lstm's batch-major layout at this H: h [T, B, H] by
-  # dz [T, B, 4H] contracted over t and b).
-  if key == "lstm":
-    one = ((T, B, H), (T, B, 4 * H), W.shape)
-    assert one in _dots(fused) and one not in _dots(plain)
-  else:
-    assert ((T * B, H), (T * B, W.shape[1]), W.shape) in _dots(fused)
-    assert not any(d[0][0] == T * B for d in _dots(plain))
+  # (r [T*B, H] by dz [T*B, 4H] for lstm's fused_lstm layer).
+  one = ((T * B, H), (T * B, W.shape[1]), W.shape)
+  assert one in _dots(fused) and one not in _dots(plain)
 
 
 def intermediate_shapes_of(jaxpr):
