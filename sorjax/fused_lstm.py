@@ -79,8 +79,9 @@ def _scan_ahead(where, body, carry, buf, xs, reverse, unroll):
   def wrapped(state, t):
     c, b_t, x_t, b = state
     c, y, w = body(c, b_t, x_t)
-    if b is not None:
-      b = jax.lax.dynamic_update_index_in_dim(b, w.astype(b.dtype), t, 0)
+    b = jax.tree_util.tree_map(
+        lambda b_, w_: jax.lax.dynamic_update_index_in_dim(
+            b_, w_.astype(b_.dtype), t, 0), b, w)
     nxt = jnp.clip(t - 1 if reverse else t + 1, 0, n - 1)
     return (c, at(b, nxt), at(xs, nxt), b), y
 
@@ -106,15 +107,16 @@ def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
   return carry, ys
 
 
-def scan_overwrite(body: Callable, carry: Any, buf: Array, xs: Any,
+def scan_overwrite(body: Callable, carry: Any, buf: Any, xs: Any,
                    reverse: bool = False, unroll: int = 1):
   """A scan that consumes buf[t] and writes a result of the same shape over
   it: body(carry, buf[t], x_t) -> (carry, y_t, w_t), and buf[t] = w_t after
-  step t (module doc). Returns (carry, ys, buf with every w_t). Like
+  step t (module doc). buf is an array or a pytree of arrays (w_t has its
+  structure); xs may be None. Returns (carry, ys, buf with every w_t). Like
   `scan_prefetch`, buf[t] and x_t reach step t sliced one step ahead.
 
   Because buf is a loop carry, XLA updates it in place when the caller's
-  buffer is dead afterwards, and copies it once otherwise. xs may be None.
+  buffer is dead afterwards, and copies it once otherwise.
   """
   return _scan_ahead("scan_overwrite", body, carry, buf, xs, reverse, unroll)
 

@@ -21,8 +21,10 @@ whole [H_rec, N] accumulator per step. For a split cell `unroll` runs a scan
 with its own VJP instead. The forward loop saves each step's incoming carry
 and z_t = r_{t-1} W. The backward loop recomputes `post` from them (its
 elementwise work, and a matmul inside `post` such as mrnn's m_t A), carries
-only the carry's cotangent and stacks dz_t; after it, dW = sum_t r_{t-1}^T
-dz_t is ONE [H_rec, T*B] x [T*B, N] matmul (what cuDNN and oneDNN do). With
+only the carry's cotangent and writes dz_t over the saved z_t (and, hoisted,
+dxp_t over xp_t: `fused_lstm.scan_overwrite`, no fresh zero-filled buffers);
+after it, dW = sum_t r_{t-1}^T dz_t is ONE [H_rec, T*B] x [T*B, N] matmul
+(what cuDNN and oneDNN do). With
 hoist=False `precompute` runs inside both loops and its parameters get one
 VJP over all steps at once. q's gradient is summed per step. It is the
 default for split cells of hidden_size >= FUSED_GRAD_MIN_HIDDEN without
@@ -227,24 +229,32 @@ def _fused_bwd(loop, res, cot):
   d_final, dys = cot
   cell = loop.cell
   Wt = W.T  # once: a per-step dot on a transposed operand is slower on CPU
+  # Residuals the backward consumes step by step are overwritten with the
+  # cotangents of the same shape: dxp_t over xp_t (hoisted), dz_t over z_t.
+  buf = {"xp": seq if loop.hoist else None, "z": zs}
 
-  def body(acc, inp):
+  def body(acc, b, inp):
     d_carry, dq = acc
-    s, m, carry, z, dy = inp
+    s, m, carry, dy = inp
+    s = b["xp"] if loop.hoist else s
     r, r_pull = jax.vjp(cell.recurrent_input, carry)
-    if z is None:
-      z = r @ W
+    z = r @ W if zs is None else b["z"]
     post = lambda q_, c_, xp_, z_: loop.post(q_, c_, xp_, z_, m)
     _, pull = jax.vjp(post, q, carry, loop.inputs(pp, s), z)
     dq_t, d_prev, dxp, dz = pull((d_carry, dy))
     dr = dz @ Wt  # through z = r W
     d_prev = _tree_add(d_prev, r_pull(dr)[0])
-    return (d_prev, _tree_add(dq, dq_t)), (dxp, dz)
+    w = {"xp": dxp if loop.hoist else None, "z": None if zs is None else dz}
+    ys = (None if loop.hoist else dxp, dz if zs is None else None)
+    return (d_prev, _tree_add(dq, dq_t)), ys, w
 
   dq0 = jax.tree_util.tree_map(jnp.zeros_like, q)
-  (d_carry, dq), (dxp, dz) = jax.lax.scan(
-      body, (d_final, dq0), (seq, mask, carries, zs, dys), reverse=True,
+  (d_carry, dq), (dxp, dz), buf = fused_lstm.scan_overwrite(
+      body, (d_final, dq0), buf,
+      (None if loop.hoist else seq, mask, carries, dys), reverse=True,
       unroll=loop.unroll)
+  dxp = buf["xp"] if loop.hoist else dxp
+  dz = buf["z"] if zs is not None else dz
   # dW = sum_t r_{t-1}^T dz_t: one matmul over all T*B rows, summed in at
   # least float32 (autodiff's per-step bfloat16 accumulator rounds T times).
   r = cell.recurrent_input(carries)
