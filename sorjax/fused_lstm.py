@@ -68,9 +68,15 @@ def _scan_ahead(where, body, carry, buf, xs, reverse, unroll):
   gets buf[t] and x_t in its carry, sliced by step t - 1 (t + 1 when
   reverse), and body's w_t is written over buf[t]."""
   leaves = jax.tree_util.tree_leaves((buf, xs))
-  if not leaves or leaves[0].shape[0] == 0:
-    raise ValueError(f"{where}: xs has no steps (leading axis 0)")
+  if not leaves:
+    raise ValueError(f"{where}: buf and xs hold no arrays to scan over")
   n = leaves[0].shape[0]
+  if n == 0:  # as lax.scan: the carry unchanged, empty ys of body's shapes
+    step = jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), (buf, xs))
+    y = jax.eval_shape(lambda c, bx: body(c, *bx)[1], carry, step)
+    return carry, jax.tree_util.tree_map(
+        lambda s: jnp.zeros((0, *s.shape), s.dtype), y), buf
 
   def at(tree, t):
     return jax.tree_util.tree_map(

@@ -195,6 +195,28 @@ def test_gradients_equal_autodiff(key, option, fast_compile):
   assert_trees_close(fused, plain)
 
 
+@pytest.mark.parametrize("hoist", [True, False])
+def test_zero_steps_pass_the_carry_and_its_gradient_through(hoist):
+  # T = 0: the final carry is the initial one, so its gradient is the
+  # loss's, and the weights get zero gradients, as autodiff of lax.scan.
+  cell = cells.make("gru", hidden_size=4)
+  params = cell.init(jax.random.key(0), 3)
+  carry = cell.initial_carry(params, (2,))
+  xs = jnp.zeros((2, 0, 3))
+
+  def loss(p, c, fused):
+    c, ys = sorjax.unroll(cell, p, xs, carry=c, hoist=hoist,
+                          fused_grad=fused)
+    assert ys.shape == (2, 0, 4)
+    return jnp.sum(c.h * jnp.arange(1.0, 5.0)[None])
+
+  got = jax.grad(loss, argnums=(0, 1))(params, carry, True)
+  ref = jax.grad(loss, argnums=(0, 1))(params, carry, False)
+  assert_trees_close(got, ref, rtol=0, atol=0)
+  np.testing.assert_array_equal(got[1].h, jnp.broadcast_to(
+      jnp.arange(1.0, 5.0), (2, 4)))
+
+
 def test_forward_is_the_same_computation():
   with jax.enable_x64(True):
     cell, params, xs, carry, _, _ = setup("mlstm")
