@@ -26,10 +26,13 @@ dxp_t over xp_t: `fused_lstm.scan_overwrite`, no fresh zero-filled buffers);
 after it, dW = sum_t r_{t-1}^T dz_t is ONE [H_rec, T*B] x [T*B, N] matmul
 (what cuDNN and oneDNN do). With
 hoist=False `precompute` runs inside both loops and its parameters get one
-VJP over all steps at once. q's gradient is summed per step. It is the
+VJP over all steps at once. q's gradient is summed per step, except a second
+matmul that ends `post`: a cell whose post is post_second(.., u_t @ Q2), with
+u_t = second_input(q, carry, xp, z) and `second_matmul` naming Q2 in q
+(general2, mrnn: m_t A; mlstm: m_t W_m), gets u_t and v_t = u_t Q2 saved
+instead of recomputed, and dQ2 = sum_t u_t^T dv_t as one matmul too. It is the
 default for split cells of hidden_size >= FUSED_GRAD_MIN_HIDDEN without
-remat; a cell can opt out with `fused_grad_default = False` (mlstm,
-tensor_rnn).
+remat; a cell can opt out with `fused_grad_default = False` (tensor_rnn).
 
 The LSTM (`lstm`, `mts_lstm`) has a dedicated layer primitive,
 `sorjax.fused_lstm.lstm_layer` (x W_x + b, the recurrence and all their
@@ -143,6 +146,20 @@ def _lstm_layer_args(cell, params, hoist, remat, fused_grad):
   return fused_lstm.lstm_args(cell, params)
 
 
+def _precompute_rows(cell, params, xs_tm, per_step_tm, scalar):
+  """`cell.precompute` of all T steps, run on the T*B tokens as rows
+  ([T*B, D]) and reshaped to [T, B, ...]. Its matmuls then contract one
+  axis in the backward: for x [T, B, D] (two axes, t and b) XLA:CPU
+  transposed the [T, B, N] cotangent before the weight gradient, a pass
+  over it (mrnn B=64 T=100 H=512: 12 ms of ~350)."""
+  T, B = xs_tm.shape[:2]
+  rows = lambda a: a.reshape(T * B, *a.shape[2:])  # noqa: E731
+  out = cell.precompute(params, rows(xs_tm),
+                        **{k: rows(v) for k, v in per_step_tm.items()},
+                        **scalar)
+  return jax.tree_util.tree_map(lambda a: a.reshape(T, B, *a.shape[1:]), out)
+
+
 def _remat_policy(remat):
   """The jax.checkpoint policy of `remat` (None: no checkpoint)."""
   if remat is True:
@@ -201,23 +218,43 @@ def _fused_scan(loop: _Loop, W, q, pp, seq, mask, carry):
   return _fused_forward(loop, W, q, pp, seq, mask, carry, save=False)[0]
 
 
+def _second(cell, q):
+  """(Q2, q without it) when the cell's `post` ends in a second matmul
+  v_t = u_t @ Q2 (`second_matmul` names Q2 in q; `second_input` gives u_t,
+  `post_second` the rest), else (None, q)."""
+  key = getattr(cell, "second_matmul", None)
+  if key is None:
+    return None, q
+  return q[key], {k: v for k, v in q.items() if k != key}
+
+
 def _fused_forward(loop, W, q, pp, seq, mask, carry, save):
   cell = loop.cell
   keep_z = loop.remat is not True  # remat=True recomputes z_t backwards
+  Q2, q1 = _second(cell, q)
 
   def body(carry, inp):
     s, m = inp
+    xp = loop.inputs(pp, s)
     z = cell.recurrent_input(carry) @ W
-    new, y = loop.post(q, carry, loop.inputs(pp, s), z, m)
+    if Q2 is None:
+      (new, y), uv = loop.post(q, carry, xp, z, m), None
+    else:  # post = post_second(.., u_t @ Q2); u_t and v_t are saved
+      u = cell.second_input(q1, carry, xp, z)
+      v = u @ Q2
+      (new, y), uv = _masked(m, *cell.post_second(q1, carry, xp, z, v),
+                             carry), (u, v)
     if not save:
       return new, y
-    return new, (y, carry, z if keep_z else None)  # carry_{t-1}, z_t
+    if not keep_z:
+      return new, (y, carry, None, None)
+    return new, (y, carry, z, uv)  # carry_{t-1}, z_t, (u_t, v_t)
 
   final, out = jax.lax.scan(body, carry, (seq, mask), unroll=loop.unroll)
   if not save:
     return (final, out), None
-  ys, carries, zs = out
-  return (final, ys), (W, q, pp, seq, mask, carries, zs)
+  ys, carries, zs, uvs = out
+  return (final, ys), (W, q, pp, seq, mask, carries, zs, uvs)
 
 
 def _fused_fwd(loop, W, q, pp, seq, mask, carry):
@@ -225,42 +262,70 @@ def _fused_fwd(loop, W, q, pp, seq, mask, carry):
 
 
 def _fused_bwd(loop, res, cot):
-  W, q, pp, seq, mask, carries, zs = res
+  W, q, pp, seq, mask, carries, zs, uvs = res
   d_final, dys = cot
   cell = loop.cell
+  Q2, q1 = _second(cell, q)
   Wt = W.T  # once: a per-step dot on a transposed operand is slower on CPU
+  Q2t = None if Q2 is None else Q2.T
+  us, vs = (None, None) if uvs is None else uvs
   # Residuals the backward consumes step by step are overwritten with the
-  # cotangents of the same shape: dxp_t over xp_t (hoisted), dz_t over z_t.
-  buf = {"xp": seq if loop.hoist else None, "z": zs}
+  # cotangents of the same shape: dxp_t over xp_t (hoisted), dz_t over z_t,
+  # dv_t over v_t.
+  buf = {"xp": seq if loop.hoist else None, "z": zs, "v": vs}
 
   def body(acc, b, inp):
     d_carry, dq = acc
-    s, m, carry, dy = inp
+    s, m, carry, dy, u = inp
     s = b["xp"] if loop.hoist else s
+    xp = loop.inputs(pp, s)
     r, r_pull = jax.vjp(cell.recurrent_input, carry)
     z = r @ W if zs is None else b["z"]
-    post = lambda q_, c_, xp_, z_: loop.post(q_, c_, xp_, z_, m)
-    _, pull = jax.vjp(post, q, carry, loop.inputs(pp, s), z)
-    dq_t, d_prev, dxp, dz = pull((d_carry, dy))
+    if Q2 is None:
+      post = lambda q_, c_, xp_, z_: loop.post(q_, c_, xp_, z_, m)
+      _, pull = jax.vjp(post, q, carry, xp, z)
+      dq_t, d_prev, dxp, dz = pull((d_carry, dy))
+      u = dv = None
+    else:  # through post_second, then v_t = u_t Q2, then second_input
+      if zs is None:  # remat: recompute u_t and v_t
+        u = cell.second_input(q1, carry, xp, z)
+        v = u @ Q2
+      else:
+        v = b["v"]
+      post = lambda q_, c_, xp_, z_, v_: _masked(
+          m, *cell.post_second(q_, c_, xp_, z_, v_), c_)
+      _, pull = jax.vjp(post, q1, carry, xp, z, v)
+      dq_t, d_prev, dxp, dz, dv = pull((d_carry, dy))
+      _, pull_u = jax.vjp(cell.second_input, q1, carry, xp, z)
+      dq_u, d_prev_u, dxp_u, dz_u = pull_u(dv @ Q2t)  # through v = u Q2
+      dq_t, d_prev = _tree_add(dq_t, dq_u), _tree_add(d_prev, d_prev_u)
+      dxp, dz = _tree_add(dxp, dxp_u), dz + dz_u
     dr = dz @ Wt  # through z = r W
     d_prev = _tree_add(d_prev, r_pull(dr)[0])
-    w = {"xp": dxp if loop.hoist else None, "z": None if zs is None else dz}
-    ys = (None if loop.hoist else dxp, dz if zs is None else None)
+    w = {"xp": dxp if loop.hoist else None, "z": None if zs is None else dz,
+         "v": None if vs is None else dv}
+    ys = (None if loop.hoist else dxp, dz if zs is None else None,
+          (u, dv) if Q2 is not None and zs is None else None)
     return (d_prev, _tree_add(dq, dq_t)), ys, w
 
-  dq0 = jax.tree_util.tree_map(jnp.zeros_like, q)
-  (d_carry, dq), (dxp, dz), buf = fused_lstm.scan_overwrite(
+  dq0 = jax.tree_util.tree_map(jnp.zeros_like, q1)
+  (d_carry, dq), (dxp, dz, uv_remat), buf = fused_lstm.scan_overwrite(
       body, (d_final, dq0), buf,
-      (None if loop.hoist else seq, mask, carries, dys), reverse=True,
+      (None if loop.hoist else seq, mask, carries, dys, us), reverse=True,
       unroll=loop.unroll)
   dxp = buf["xp"] if loop.hoist else dxp
   dz = buf["z"] if zs is not None else dz
+  acc = W.dtype if jnp.finfo(W.dtype).bits >= 32 else jnp.float32
+  rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
+  if Q2 is not None:  # dQ2 = sum_t u_t^T dv_t: one matmul, as dW below
+    us, dvs = uv_remat if zs is None else (us, buf["v"])
+    dq = {**dq, cell.second_matmul: jnp.einsum(
+        "rm,rh->mh", rows(us), rows(dvs),
+        preferred_element_type=acc).astype(Q2.dtype)}
   # dW = sum_t r_{t-1}^T dz_t: one matmul over all T*B rows, summed in at
   # least float32 (autodiff's per-step bfloat16 accumulator rounds T times).
   r = cell.recurrent_input(carries)
-  acc = W.dtype if jnp.finfo(W.dtype).bits >= 32 else jnp.float32
-  dW = jnp.einsum("rh,rn->hn", r.reshape(-1, r.shape[-1]),
-                  dz.reshape(-1, dz.shape[-1]),
+  dW = jnp.einsum("rh,rn->hn", rows(r), rows(dz),
                   preferred_element_type=acc).astype(W.dtype)
   if loop.hoist:
     dpp, dseq = (), dxp
@@ -320,7 +385,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       the fused path for split cells with hidden_size >= 128 (smaller steps
       are overhead-bound and measured slower fused) and remat=False (remat
       asks for memory, which autodiff's remat saves more of), except cells
-      that opt out with `fused_grad_default = False` (mlstm, tensor_rnn).
+      that opt out with `fused_grad_default = False` (tensor_rnn).
       lstm and mts_lstm run `fused_lstm.lstm_layer` at every size with
       True or None (module doc).
     **aux: extra inputs of the cell, scalars or [B, T] per-token arrays.
@@ -376,7 +441,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
   else:
     loop = _Loop(cell, hoist, remat, unroll)
     if hoist:
-      seq, pp = cell.precompute(params, xs_tm, **per_step_tm, **scalar), ()
+      seq, pp = _precompute_rows(cell, params, xs_tm, per_step_tm, scalar), ()
     else:
       seq, pp = (xs_tm, per_step_tm), (params, scalar)
     if fused:

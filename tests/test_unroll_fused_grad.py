@@ -53,7 +53,7 @@ def test_every_cell_but_dyck_rnn_has_a_split_step():
     ("gru", 128, False, True), ("mm_rnn", 128, False, True),
     ("gru", 127, False, False), ("lstm", 12, False, True),
     ("lstm", 128, True, False),
-    ("lstm", 128, "dots", False), ("mlstm", 128, False, False),
+    ("lstm", 128, "dots", False), ("mlstm", 128, False, True),
     ("tensor_rnn", 128, False, False)])
 def test_default_path_per_cell_size_and_remat(key, H_, remat, fused):
   """fused_grad=None: the custom-VJP scan from hidden size 128 on without
@@ -343,6 +343,30 @@ def test_no_per_example_transition_through_unroll(key):
   g = jax.grad(loss_fn(cell, iaux, w, fused_grad=True,
                        lengths=jnp.array([T, 4])), argnums=(0, 1, 2))
   assert_no_bhh(lambda p: g(p, xs, carry, faux), (params,), B, H)
+
+
+@pytest.mark.parametrize("key", ["mrnn", "general2", "mlstm"])
+def test_second_matmul_gradient_is_one_matmul_not_per_step(key):
+  # post's second matmul v_t = m_t Q2 (general2 / mrnn: A [M, H]; mlstm:
+  # W_m [M, 4H]). dQ2 = sum_t m_t^T dv_t is one [M, T*B] x [T*B, N] product
+  # after the backward loop, which no longer builds an [M, N] accumulator
+  # (autodiff's does).
+  cell, params, xs, carry, faux, iaux = setup(key, dtype=jnp.float32)
+  M, N = cell.split(params)[1][cell.second_matmul].shape
+  w = jnp.ones((B, T, H), jnp.float32)
+
+  def grad_jaxpr(fused):
+    g = jax.grad(loss_fn(cell, iaux, w, fused_grad=fused))
+    return jax.make_jaxpr(g)(params, xs, carry, faux).jaxpr
+
+  def per_step_dA(jaxpr):
+    return [s for body in _scan_bodies(jaxpr, reverse=True)
+            for s in intermediate_shapes_of(body) if s == (M, N)]
+
+  fused, plain = grad_jaxpr(True), grad_jaxpr(False)
+  assert per_step_dA(plain), "the check must see autodiff's accumulator"
+  assert not per_step_dA(fused)
+  assert ((T * B, M), (T * B, N), (M, N)) in _dots(fused)
 
 
 # ------------------------------------------------------------------ remat

@@ -12,7 +12,7 @@ Params: A [M, H], B [D, M], C [H, M], D [D, H] (if use_D), E [H, H]
 name. phi is tanh or the identity; h_0 = 0 (eq. 1).
 
 The per-token transition is W_hh(x_t) = E + A diag(B x_t) C (eq. 13): it is
-never formed. x_t B and x_t D + f are computed for all steps at once in
+never formed. x_t B and x_t D are computed for all steps at once in
 `precompute` (one matmul with [B | D]); a step is two matmuls: h @ [C | E],
 then m @ A.
 
@@ -72,21 +72,22 @@ class General2:
                                  base.param_dtype(params)))
 
   def precompute(self, params, xs):
+    """{"BxDx": x_t [B | D]} (one matmul, all t; its halves are sliced in the
+    step, so the backward has no pad or concatenation of them), or {"Bx"}
+    without D. f is added in the step."""
     base.check_input(self.name, xs, params["B"].shape[0])
     if not self.use_D:
       return {"Bx": xs @ params["B"]}
-    M = self.intermediate_size
-    BD = jnp.concatenate([params["B"], params["D"]], axis=1)
-    BxDx = xs @ BD  # B x_t and D x_t in one matmul, all t
-    f = base.lift(params["f"], BxDx.ndim)
-    return {"Bx": BxDx[..., :M], "Dx_f": BxDx[..., M:] + f}
+    return {"BxDx": xs @ jnp.concatenate([params["B"], params["D"]], axis=1)}
 
   # Split step (see sorjax.unroll): z = h_{t-1} [C | E]; the second matmul
-  # m_t A depends on it, so it stays in `post` (A is in q).
+  # m_t A depends on it, so it stays in `post` (A is in q). `post` is
+  # post_second(.., second_input(..) @ A): unroll's fused backward saves m_t
+  # and m_t A and forms dA = sum_t m_t^T d(m_t A) as one matmul.
+  second_matmul: ClassVar[str] = "A"
+
   def split(self, params):
-    q = {"A": params["A"]}
-    if not self.use_D:
-      q["f"] = params["f"]  # else f is in xp's Dx_f
+    q = {"A": params["A"], "f": params["f"]}
     if not self.use_E:
       return params["C"], q
     return jnp.concatenate([params["C"], params["E"]], axis=1), q
@@ -94,19 +95,25 @@ class General2:
   def recurrent_input(self, carry):
     return carry.h
 
-  def post(self, q, carry, xp, hCE):
+  def second_input(self, q, carry, xp, hCE):
+    # intermediate state m_t = B x_t * C h_{t-1} (eq. 9); hCE[..., :M] is
+    # C h_{t-1}, E h_{t-1} follows when use_E
     M = self.intermediate_size
-    Ch = hCE[..., :M]  # C h_{t-1}; E h_{t-1} follows when use_E
-    m = xp["Bx"] * Ch  # intermediate state m_t = B x_t * C h_{t-1} (eq. 9)
-    pre = m @ q["A"]
+    Bx = xp["BxDx"][..., :M] if self.use_D else xp["Bx"]
+    return Bx * hCE[..., :M]
+
+  def post_second(self, q, carry, xp, hCE, mA):
+    pre = mA + base.lift(q["f"], mA.ndim)  # m_t A + f
     if self.use_D:
-      pre = pre + xp["Dx_f"]
-    else:
-      pre = pre + base.lift(q["f"], pre.ndim)
+      pre = pre + xp["BxDx"][..., self.intermediate_size:]  # D x_t
     if self.use_E:
-      pre = pre + hCE[..., M:]
+      pre = pre + hCE[..., self.intermediate_size:]
     h = base.activation(self.activation)(pre)
     return base.HCarry(h), h
+
+  def post(self, q, carry, xp, hCE):
+    return self.post_second(q, carry, xp, hCE,
+                            self.second_input(q, carry, xp, hCE) @ q["A"])
 
   def step(self, params, carry, xp):
     W, q = self.split(params)  # C h_{t-1} and E h_{t-1} in one matmul

@@ -55,11 +55,6 @@ class MLSTM:
   intermediate_size: int
   candidate_activation: str = "identity"
 
-  # sorjax.unroll's batched-dW path recomputes m_t W_m in its backward loop;
-  # per core it measured 0.91-0.95x autodiff at H = 512 (0.72x the memory),
-  # so it is opt-in here (fused_grad=True).
-  fused_grad_default: ClassVar[bool] = False
-
   def __post_init__(self):
     base.check_positive_int("mlstm", "hidden_size", self.hidden_size)
     base.check_positive_int("mlstm", "intermediate_size",
@@ -95,13 +90,23 @@ class MLSTM:
   def recurrent_input(self, carry):
     return carry.h
 
-  def post(self, q, carry, xp, hW_mh):
-    m = xp.mx * hW_mh  # m_t = (x_t W_mx) * (h_{t-1} W_mh)
-    i, f, g, o = jnp.split(xp.gx + m @ q["W_m"], 4, axis=-1)
+  # post = post_second(.., second_input(..) @ W_m): unroll's fused backward
+  # saves m_t and m_t W_m and forms dW_m as one matmul after its loop.
+  second_matmul: ClassVar[str] = "W_m"
+
+  def second_input(self, q, carry, xp, hW_mh):
+    return xp.mx * hW_mh  # m_t = (x_t W_mx) * (h_{t-1} W_mh)
+
+  def post_second(self, q, carry, xp, hW_mh, mW_m):
+    i, f, g, o = jnp.split(xp.gx + mW_m, 4, axis=-1)
     act = base.activation(self.candidate_activation)
     c = jax.nn.sigmoid(f) * carry.c + jax.nn.sigmoid(i) * act(g)  # hat-h_t = g
     h = jax.nn.sigmoid(o) * jnp.tanh(c)
     return base.LSTMCarry(h, c), h
+
+  def post(self, q, carry, xp, hW_mh):
+    return self.post_second(q, carry, xp, hW_mh,
+                            self.second_input(q, carry, xp, hW_mh) @ q["W_m"])
 
   def step(self, params, carry, xp):
     W, q = self.split(params)
