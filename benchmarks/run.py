@@ -18,7 +18,11 @@ Throughput is the median over rounds; a ratio between two contenders is the
 median of their per-round ratios, so load that drifts during a group
 cancels. Every group also times a 2048^3 f32 matmul in XLA and in torch: the
 roofline of a round is the faster of the two, and "% roofline" is a cell's
-matmul FLOP/s (benchmarks.flops) over it, paired by round.
+matmul FLOP/s (benchmarks.flops) over it, paired by round. The header also
+gives the cores' FMA peak (benchmarks.peak): the arithmetic ceiling above
+the roofline. Targets relative to a peer say what they need in roofline
+terms (the target ratio times the peer's fraction): above 100% a target
+asks for a faster matmul than any measured here.
 
 A training step is forward + backward through time to every parameter,
 given a fixed random cotangent of the outputs (no loss head). Peak memory:
@@ -45,7 +49,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from benchmarks import flops, specs
+from benchmarks import flops, peak, specs
 
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("lstm", "gemm", "cells", "fused", "dyck", "scaling", "remat",
@@ -499,15 +503,26 @@ def section_lstm(b: Bench, rep: Report):
          "vs flax", "peak memory"], rows) + _errs(cs))
     best = max([ours, unhoisted, autodiff], key=lambda c: c.rate or 0)
     fast.append((B, T, H, g.ratio(ours, torch_c), g.ratio(best, torch_c),
-                 best))
-    flax_ok.append((B, T, H, g.ratio(ours, flax_c)))
-  for B, T, H, r, rb, best in fast:
+                 best, _needs(g, ours, torch_c, 1.0)))
+    flax_ok.append((B, T, H, g.ratio(ours, flax_c),
+                    _needs(g, ours, flax_c, 1.3)))
+  for B, T, H, r, rb, best, need in fast:
     rep.target(f"lstm >= 1.0x torch.nn.LSTM at {_shape((B, T, H))}",
                None if r is None else r >= 1.0,
-               f"{f_x(r)} (best variant {best.label}: {f_x(rb)})")
-  for B, T, H, r in flax_ok:
+               f"{f_x(r)} (best variant {best.label}: {f_x(rb)}){need}")
+  for B, T, H, r, need in flax_ok:
     rep.target(f"lstm >= 1.3x flax OptimizedLSTMCell at {_shape((B, T, H))}",
-               None if r is None else r >= 1.3, f_x(r))
+               None if r is None else r >= 1.3, f_x(r) + need)
+
+
+def _needs(g: "Group", ours: Contender, peer: Contender, x: float) -> str:
+  """What a ">= x times the peer" target asks in roofline terms: x times
+  the peer's fraction of the roofline (same FLOPs per token), next to ours.
+  Above 100% the target needs a faster matmul than the roofline's."""
+  fp, fo = g.fraction(peer), g.fraction(ours)
+  if fp is None or fo is None:
+    return ""
+  return f"; needs {f_pct(x * fp)} of the roofline, is at {f_pct(fo)}"
 
 
 def section_gemm(b: Bench, rep: Report):
@@ -602,7 +617,8 @@ def _cell_targets(rep, name, ours, nv, loop, g, mem_ratio, variant):
     if loop is not None:
       r = g.ratio(ours, loop)
       rep.target(f"{tag} >= 2x torch Python loop at H=512",
-                 None if r is None else r >= 2.0, f_x(r))
+                 None if r is None else r >= 2.0,
+                 f_x(r) + _needs(g, ours, loop, 2.0))
   if nv is not None:
     r = g.ratio(ours, nv)
     rep.target(f"{tag} >= 10x its naive form at H=512",
@@ -917,6 +933,7 @@ def main(argv=None) -> int:
           f"- machine: {_cpu()}, {os.cpu_count()} cores; {_versions(torch_ok)}"
           f"; torch threads {args.torch_threads or len(os.sched_getaffinity(0))}\n"
           f"- load average (1, 5, 15 min) at start: {load0}\n"
+          f"- {peak.describe(len(os.sched_getaffinity(0)))}\n"
           f"- rounds per group: {profile.rounds} (order rotating), >= "
           f"{profile.min_round_s} s per timing; {args.clock} clock; medians; "
           f"ratios are medians of per-round ratios\n"

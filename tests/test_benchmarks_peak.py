@@ -1,0 +1,70 @@
+"""benchmarks.peak (the cores' FMA peak) and the roofline terms of targets."""
+
+import shutil
+from pathlib import Path
+
+import pytest
+
+from benchmarks import peak, run
+
+HAS_CC = shutil.which("cc") is not None
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler ('cc') on PATH")
+def test_fma_peak_measures_more_with_more_work_per_second(tmp_path):
+  exe = peak.build(Path(tmp_path))
+  p = peak.fma_peak([1], seconds=0.02, repeats=1, exe=exe)
+  # A vector FMA unit retires >= 8 f32 FLOP per cycle at >= 1 GHz; no
+  # machine retires 2000 GFLOP/s on one core.
+  assert 8.0 <= p[1] < 2000.0
+  gflops, secs = peak._run(exe, 1, 1000)
+  assert gflops > 0 and secs > 0
+
+
+def test_fma_peak_without_compiler_says_why(monkeypatch):
+  monkeypatch.setenv("CC", "no-such-compiler-sorjax")
+  with pytest.raises(peak.PeakUnavailable, match="no-such-compiler-sorjax"):
+    peak.fma_peak([1])
+  assert "not measured" in peak.describe(2)
+  assert "no-such-compiler-sorjax" in peak.describe(2)
+
+
+def test_fma_peak_rejects_bad_arguments():
+  with pytest.raises(ValueError, match="thread counts"):
+    peak.fma_peak([0])
+  with pytest.raises(ValueError, match="seconds"):
+    peak.fma_peak([1], seconds=0)
+
+
+@pytest.mark.skipif(not HAS_CC, reason="no C compiler ('cc') on PATH")
+def test_probe_rejects_bad_command_line(tmp_path):
+  exe = peak.build(Path(tmp_path))
+  with pytest.raises(peak.PeakUnavailable, match="exit 2"):
+    peak._run(exe, 0, 10)
+
+
+class _Group:  # what _needs reads of a run.Group
+  def __init__(self, fractions):
+    self.fractions = fractions
+
+  def fraction(self, c):
+    return self.fractions[c]
+
+
+def test_needs_is_the_target_times_the_peer_fraction():
+  # flax at 82% of the roofline: 1.3x flax needs 1.3 * 82 = 106.6% -> 107%.
+  g = _Group({"ours": 1.0, "flax": 0.82, "loop": None})
+  assert run._needs(g, "ours", "flax", 1.3) == \
+      "; needs 107% of the roofline, is at 100%"
+  assert run._needs(g, "ours", "loop", 2.0) == ""   # peer not measured
+
+
+def test_lstm_targets_state_the_roofline_needed(tmp_path):
+  out = tmp_path / "r.md"
+  assert run.main(["--smoke", "--no-torch", "--sections", "lstm",
+                   "--out", str(out)]) == 0
+  text = out.read_text()
+  assert "FMA peak" in text
+  flax_rows = [l for l in text.splitlines()
+               if l.startswith("| lstm >= 1.3x flax")]
+  assert flax_rows and all("of the roofline, is at" in l for l in flax_rows)
