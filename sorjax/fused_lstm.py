@@ -25,9 +25,13 @@ layouts"):
   fusion of ~120 us per step at B=32 H=256 (two threads); the map is ~20.
 - Two layouts. Batch-major (default below GATE_MAJOR_FROM): state h [B, H],
   z = h W_h [B, 4H], xp and ys used as they come. Gate-major: state h^T
-  [H, B], z^T = W_h^T h^T [4H, B]; xp and ys are transposed around the
-  loops, which pays at H >= 512, where XLA:CPU's per-step product in this
-  orientation is the faster one.
+  [H, B], z^T = W_h^T h^T [4H, B], where XLA:CPU's per-step products run
+  faster from H = 512 (B=64 H=512: 200 vs 183 GFLOP/s forward). Its
+  [4H, T, B] buffers keep time inside, so x^T [D, T*B] gives
+  xp^T = W_x^T x^T in one matmul and the weight sums read dz^T as
+  [4H, T*B] rows; only the [T, B, D] / [T, B, H] arrays (x, dx, ys, dys,
+  h_{t-1}) are transposed. Buffers [T, 4H, B] instead cost two transposes
+  of a [T, B, 4H] array a step and made gate-major lose below H = 1024.
 - Scan inputs reach the body through the carry, sliced one step ahead
   (`scan_prefetch`). A dynamic slice of a scan input that is used more than
   once inside a fusion is emitted as an outlined helper whose index load
@@ -59,41 +63,49 @@ from sorjax.cells.base import LSTMCarry, check_input
 Array = jax.Array
 
 # The default layout: batch-major below this hidden size, gate-major from it
-# (module doc; benchmarks/small_model.md "lstm_layer layouts").
-GATE_MAJOR_FROM = 1024
+# (module doc; benchmarks/small_model.md, "gate-major with time inside").
+GATE_MAJOR_FROM = 512
 
 
-def _scan_ahead(where, body, carry, buf, xs, reverse, unroll):
+def _scan_ahead(where, body, carry, buf, xs, reverse, unroll, axis=0):
   """The loop of `scan_prefetch` (buf None) and `scan_overwrite`: step t
-  gets buf[t] and x_t in its carry, sliced by step t - 1 (t + 1 when
-  reverse), and body's w_t is written over buf[t]."""
-  leaves = jax.tree_util.tree_leaves((buf, xs))
-  if not leaves:
+  gets buf[t] (indexed along `axis`) and x_t in its carry, sliced by step
+  t - 1 (t + 1 when reverse), and body's w_t is written over buf[t]."""
+  lens = ([a.shape[axis] for a in jax.tree_util.tree_leaves(buf)]
+          + [a.shape[0] for a in jax.tree_util.tree_leaves(xs)])
+  if not lens:
     raise ValueError(f"{where}: buf and xs hold no arrays to scan over")
-  n = leaves[0].shape[0]
+  if len(set(lens)) != 1:
+    raise ValueError(f"{where}: buf (along axis {axis}) and xs (along axis "
+                     f"0) must have one length, got {lens}")
+  n = lens[0]
   if n == 0:  # as lax.scan: the carry unchanged, empty ys of body's shapes
-    step = jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), (buf, xs))
+    step = (jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape[:axis] + a.shape[axis + 1:],
+                                       a.dtype), buf),
+            jax.tree_util.tree_map(
+        lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs))
     y = jax.eval_shape(lambda c, bx: body(c, *bx)[1], carry, step)
     return carry, jax.tree_util.tree_map(
         lambda s: jnp.zeros((0, *s.shape), s.dtype), y), buf
 
-  def at(tree, t):
+  def at(tree, t, ax):
     return jax.tree_util.tree_map(
-        lambda a: jax.lax.dynamic_index_in_dim(a, t, keepdims=False), tree)
+        lambda a: jax.lax.dynamic_index_in_dim(a, t, ax, keepdims=False),
+        tree)
 
   def wrapped(state, t):
     c, b_t, x_t, b = state
     c, y, w = body(c, b_t, x_t)
     b = jax.tree_util.tree_map(
         lambda b_, w_: jax.lax.dynamic_update_index_in_dim(
-            b_, w_.astype(b_.dtype), t, 0), b, w)
+            b_, w_.astype(b_.dtype), t, axis), b, w)
     nxt = jnp.clip(t - 1 if reverse else t + 1, 0, n - 1)
-    return (c, at(b, nxt), at(xs, nxt), b), y
+    return (c, at(b, nxt, axis), at(xs, nxt, 0), b), y
 
   t0 = n - 1 if reverse else 0
   (carry, _, _, buf), ys = jax.lax.scan(
-      wrapped, (carry, at(buf, t0), at(xs, t0), buf),
+      wrapped, (carry, at(buf, t0, axis), at(xs, t0, 0), buf),
       jnp.arange(n, dtype=jnp.int32), reverse=reverse, unroll=unroll)
   return carry, ys, buf
 
@@ -114,17 +126,19 @@ def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
 
 
 def scan_overwrite(body: Callable, carry: Any, buf: Any, xs: Any,
-                   reverse: bool = False, unroll: int = 1):
+                   reverse: bool = False, unroll: int = 1, axis: int = 0):
   """A scan that consumes buf[t] and writes a result of the same shape over
   it: body(carry, buf[t], x_t) -> (carry, y_t, w_t), and buf[t] = w_t after
   step t (module doc). buf is an array or a pytree of arrays (w_t has its
-  structure); xs may be None. Returns (carry, ys, buf with every w_t). Like
-  `scan_prefetch`, buf[t] and x_t reach step t sliced one step ahead.
+  structure), stepped along `axis` (xs, which may be None, along axis 0).
+  Returns (carry, ys, buf with every w_t). Like `scan_prefetch`, buf[t] and
+  x_t reach step t sliced one step ahead.
 
   Because buf is a loop carry, XLA updates it in place when the caller's
   buffer is dead afterwards, and copies it once otherwise.
   """
-  return _scan_ahead("scan_overwrite", body, carry, buf, xs, reverse, unroll)
+  return _scan_ahead("scan_overwrite", body, carry, buf, xs, reverse, unroll,
+                     axis)
 
 
 def _activation_consts(H: int, forget_bias: float, dtype, tr: bool):
@@ -142,10 +156,11 @@ def _activation_consts(H: int, forget_bias: float, dtype, tr: bool):
 
 def _forward(forget_bias, unroll, tr, W2, b2, xp2, mask, h0, c0):
   """The forward loop. Gate-major (tr): state h^T [H, B], z^T = W_h^T h^T
-  [4H, B], xp2 [T, 4H, B]; batch-major: state h [B, H], z = h W_h [B, 4H],
-  xp2 [T, B, 4H]. b2 is the bias in z's layout. Returns the final (h, c),
-  ys [T, *h.shape] and the residuals (activations A_t in z's layout,
-  c_{t-1})."""
+  [4H, B], xp2 [4H, T, B] (time inside, so that the products before and
+  after the loops see [4H, T*B] rows); batch-major: state h [B, H],
+  z = h W_h [B, 4H], xp2 [T, B, 4H]. b2 is the bias in z's layout. Returns
+  the final (h, c), ys [T, *h.shape] and the residuals (activations A_t
+  over xp2, c_{t-1} [T, *h.shape])."""
   ax = 0 if tr else -1                                     # z's gate axis
   s, gamma, delta = _activation_consts(h0.shape[0 if tr else 1], forget_bias,
                                        W2.dtype, tr)
@@ -165,38 +180,43 @@ def _forward(forget_bias, unroll, tr, W2, b2, xp2, mask, h0, c0):
     return (h_new, c_new), (y, c), A
 
   (h, c), (ys, cs), As = scan_overwrite(body, (h0, c0), xp2, mask,
-                                        unroll=unroll)
+                                        unroll=unroll, axis=1 if tr else 0)
   return (h, c), ys, (As, cs)
 
 
 def _layer_forward(forget_bias, unroll, tr, W_h, W_x, b, xs, mask, h0, c0):
   """x_t W_x (all steps, one matmul; xs is xp when W_x is None), the loop in
-  its layout, and the results back in [B, ...] order."""
-  xp = xs if W_x is None else jnp.einsum("tbd,dn->tbn", xs, W_x)
-  if tr:
+  its layout, and the results back in [B, ...] order. Also returns the
+  inputs as the backward wants them: [D, T*B] rows gate-major, xs
+  batch-major."""
+  if tr:  # x^T [D, T*B] (one pass over x), then xp^T = W_x^T x^T [4H, T*B]
+    T, B, D = xs.shape
+    xT = jnp.transpose(xs, (2, 0, 1)).reshape(D, T * B)
+    xp2 = (xT if W_x is None else W_x.T @ xT).reshape(-1, T, B)
     (h, c), ys2, res = _forward(forget_bias, unroll, True, W_h.T, b[:, None],
-                                jnp.swapaxes(xp, 1, 2), mask, h0.T, c0.T)
-    return (h.T, c.T), jnp.swapaxes(ys2, 1, 2), ys2, res
+                                xp2, mask, h0.T, c0.T)
+    return (h.T, c.T), jnp.swapaxes(ys2, 1, 2), ys2, res, xT
+  xp = xs if W_x is None else jnp.einsum("tbd,dn->tbn", xs, W_x)
   (h, c), ys, res = _forward(forget_bias, unroll, False, W_h, b[None], xp,
                              mask, h0, c0)
-  return (h, c), ys, ys, res
+  return (h, c), ys, ys, res, xs
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
 def _layer(forget_bias, unroll, tr, W_h, W_x, b, xs, mask, h0, c0):
-  final, ys, _, _ = _layer_forward(forget_bias, unroll, tr, W_h, W_x, b, xs,
-                                   mask, h0, c0)
+  final, ys, _, _, _ = _layer_forward(forget_bias, unroll, tr, W_h, W_x, b,
+                                      xs, mask, h0, c0)
   return final, ys
 
 
 def _layer_fwd(forget_bias, unroll, tr, W_h, W_x, b, xs, mask, h0, c0):
-  final, ys, ys2, (As, cs) = _layer_forward(forget_bias, unroll, tr, W_h,
-                                            W_x, b, xs, mask, h0, c0)
-  return (final, ys), (W_h, W_x, xs, mask, h0, ys2, As, cs)
+  final, ys, ys2, (As, cs), x_in = _layer_forward(
+      forget_bias, unroll, tr, W_h, W_x, b, xs, mask, h0, c0)
+  return (final, ys), (W_h, W_x, x_in, mask, h0, ys2, As, cs)
 
 
 def _layer_bwd(forget_bias, unroll, tr, res, cot):
-  W_h, W_x, xs, mask, h0, ys2, As, cs = res
+  W_h, W_x, x_in, mask, h0, ys2, As, cs = res
   (dh_T, dc_T), dys = cot
   ax = 0 if tr else -1
   s, _, delta = _activation_consts(W_h.shape[0], forget_bias, W_h.dtype, tr)
@@ -231,7 +251,8 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
   W_hT = None if tr else W_h.T
   inputs = (cs, dys) if mask is None else (cs, dys, mask)
   (dh0, dc0), _, dzs = scan_overwrite(body, (dh_T, dc_T), As, inputs,
-                                      reverse=True, unroll=unroll)
+                                      reverse=True, unroll=unroll,
+                                      axis=1 if tr else 0)
   # h_{t-1}: the carry before step t. y_t equals the carry h_t on valid steps
   # and valid steps form a prefix, so dz_t = 0 wherever y_{t-1} is a padding 0.
   hprev = jnp.concatenate([h0[None], ys2[:-1]], axis=0)
@@ -239,9 +260,20 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
   acc = W_h.dtype if jnp.finfo(W_h.dtype).bits >= 32 else jnp.float32
   wsum = lambda spec, a, d: jnp.einsum(  # noqa: E731
       spec, a, d, preferred_element_type=acc).astype(W_h.dtype)
-  if tr:  # back to [T, B, .]
-    dzs, hprev, dh0, dc0 = (jnp.swapaxes(dzs, 1, 2),
-                            jnp.swapaxes(hprev, 1, 2), dh0.T, dc0.T)
+  if tr:
+    # dz^T [4H, T, B] is already [4H, T*B] rows; h_{t-1}^T [T, H, B] goes to
+    # [H, T*B] in the concatenation's own pass.
+    n, T, B = dzs.shape
+    dZ = dzs.reshape(n, T * B)
+    hT = jnp.transpose(hprev, (1, 0, 2)).reshape(-1, T * B)
+    dW_h = wsum("hk,nk->hn", hT, dZ)                       # sum_t h_{t-1}^T dz_t
+    db = jnp.sum(dZ, axis=1, dtype=acc).astype(W_h.dtype)
+    if W_x is None:
+      dW_x, dxs = None, jnp.transpose(dzs, (1, 2, 0))
+    else:
+      dW_x = wsum("dk,nk->dn", x_in, dZ)
+      dxs = jnp.transpose((W_x @ dZ).reshape(-1, T, B), (1, 2, 0))
+    return dW_h, dW_x, db, dxs, None, dh0.T, dc0.T
   # The weight sums contract ONE axis of T*B rows: contracting (t, b) as two
   # axes, XLA:CPU transposed dz to [B, T, 4H] first (a pass over it).
   rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
@@ -250,7 +282,7 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
   if W_x is None:
     dW_x, dxs = None, dzs
   else:  # through x_t W_x, one matmul each
-    dW_x = wsum("kd,kn->dn", rows(xs), rows(dzs))
+    dW_x = wsum("kd,kn->dn", rows(x_in), rows(dzs))
     dxs = jnp.einsum("tbn,dn->tbd", dzs, W_x)
   return dW_h, dW_x, db, dxs, None, dh0, dc0  # no cotangent for the mask
 
@@ -369,9 +401,10 @@ def lstm_scan(W_h: Array, xp: Array, carry: LSTMCarry,
       output zeros, as `sorjax.unroll`.
     forget_bias: added to the forget gate's pre-activation.
     unroll: `lax.scan` unroll factor of both loops.
-    layout: "gate_major" (state h^T [H, B]; xp and ys transposed around the
-      loops) or "batch_major" (state h [B, H]; no transposes); None picks
-      gate_major for H >= GATE_MAJOR_FROM (module doc).
+    layout: "gate_major" (state h^T [H, B]; buffers [4H, T, B], the inputs
+      and outputs transposed around the loops) or "batch_major" (state
+      h [B, H]; no transposes); None picks gate_major for
+      H >= GATE_MAJOR_FROM (module doc).
 
   Returns:
     (final carry, ys [T, B, H]).

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 from sorjax.cells.base import LSTMCarry
-from sorjax.fused_lstm import lstm_scan, scan_overwrite, scan_prefetch
+from sorjax.fused_lstm import (lstm_layer, lstm_scan, scan_overwrite,
+                               scan_prefetch)
 
 B, T, H = 3, 4, 4
 
@@ -228,6 +229,65 @@ def test_scan_overwrite_writes_each_step_over_its_input(reverse, with_xs):
   c0, ys0, w0 = scan_overwrite(body, jnp.ones(2), buf[:0], None)
   assert ys0.shape == (0,) and w0.shape == (0, 2)
   np.testing.assert_array_equal(c0, jnp.ones(2))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_overwrite_along_an_inner_axis(reverse):
+  """axis=1: buf [N, T, M] is read and written at [:, t, :]; the result is
+  the axis-0 scan of the moved buffer, moved back."""
+  buf = jnp.arange(2.0 * 5 * 3).reshape(2, 5, 3)
+  xs = jnp.arange(5.0)
+
+  def body(c, b, x):
+    c = 0.5 * c + b * x
+    return c, c.sum(), b - c
+
+  rc, ry, rw = scan_overwrite(body, jnp.ones((2, 3)),
+                              jnp.moveaxis(buf, 1, 0), xs, reverse=reverse)
+  c, ys, w = jax.jit(lambda b: scan_overwrite(
+      body, jnp.ones((2, 3)), b, xs, reverse=reverse, axis=1))(buf)
+  np.testing.assert_allclose(c, rc, rtol=1e-6)
+  np.testing.assert_allclose(ys, ry, rtol=1e-6)
+  np.testing.assert_allclose(w, jnp.moveaxis(rw, 0, 1), rtol=1e-6)
+  with pytest.raises(ValueError, match=r"one length, got \[5, 4\]"):
+    scan_overwrite(body, jnp.ones((2, 3)), buf, xs[:4], axis=1)
+
+
+def test_gate_major_layer_moves_no_gate_sized_array():
+  """Gate-major keeps its [4H, T, B] buffers time-inside: x W_x and the
+  weight sums see [., T*B] rows directly, so no transpose of a [T, B, 4H]
+  (or [T, 4H, B]) array appears in the forward or the backward."""
+  Tn, Bn, D, Hn = 5, 3, 2, 4
+  k = jax.random.split(jax.random.key(0), 4)
+  W_h = jax.random.normal(k[0], (Hn, 4 * Hn))
+  W_x = jax.random.normal(k[1], (D, 4 * Hn))
+  b = jnp.zeros(4 * Hn)
+  xs = jax.random.normal(k[2], (Tn, Bn, D))
+  z = jnp.zeros((Bn, Hn))
+
+  def loss(W_h, W_x, b, xs):
+    _, ys = lstm_layer(W_h, W_x, b, xs, LSTMCarry(z, z), layout="gate_major")
+    return jnp.sum(ys)
+
+  jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3)))(W_h, W_x, b,
+                                                                xs)
+  moved = []
+
+  from jax.extend import core as jcore
+
+  def walk(jx):  # every equation, inside scans and custom_vjp calls too
+    for eqn in jx.eqns:
+      if eqn.primitive.name == "transpose":
+        moved.append(eqn.invars[0].aval.size)
+      for p in eqn.params.values():
+        for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+          if isinstance(sub, jcore.ClosedJaxpr):
+            walk(sub.jaxpr)
+          elif isinstance(sub, jcore.Jaxpr):
+            walk(sub)
+  walk(jaxpr.jaxpr)
+  assert moved, "expected the small [T, B, D] / [T, H, B] transposes"
+  assert max(moved) < Tn * Bn * 4 * Hn, moved
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)
