@@ -31,7 +31,7 @@ layouts"):
   xp^T = W_x^T x^T in one matmul and the weight sums read dz^T as
   [4H, T*B] rows; only the [T, B, D] / [T, B, H] arrays (x, dx, ys, dys,
   h_{t-1}) are transposed. Buffers [T, 4H, B] instead cost two transposes
-  of a [T, B, 4H] array a step and made gate-major lose below H = 1024.
+  of a [T, B, 4H] array per call and made gate-major lose below H = 1024.
 - Scan inputs reach the body through the carry, sliced one step ahead
   (`scan_prefetch`). A dynamic slice of a scan input that is used more than
   once inside a fusion is emitted as an outlined helper whose index load
