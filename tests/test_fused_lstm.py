@@ -11,6 +11,7 @@ import pytest
 from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import (lstm_layer, lstm_scan, scan_overwrite,
                                scan_prefetch)
+from tests.cells.reference import iter_eqns
 
 B, T, H = 3, 4, 4
 
@@ -271,21 +272,8 @@ def test_gate_major_layer_moves_no_gate_sized_array():
 
   jaxpr = jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2, 3)))(W_h, W_x, b,
                                                                 xs)
-  moved = []
-
-  from jax.extend import core as jcore
-
-  def walk(jx):  # every equation, inside scans and custom_vjp calls too
-    for eqn in jx.eqns:
-      if eqn.primitive.name == "transpose":
-        moved.append(eqn.invars[0].aval.size)
-      for p in eqn.params.values():
-        for sub in (p if isinstance(p, (tuple, list)) else (p,)):
-          if isinstance(sub, jcore.ClosedJaxpr):
-            walk(sub.jaxpr)
-          elif isinstance(sub, jcore.Jaxpr):
-            walk(sub)
-  walk(jaxpr.jaxpr)
+  moved = [eqn.invars[0].aval.size for eqn in iter_eqns(jaxpr.jaxpr)
+           if eqn.primitive.name == "transpose"]
   assert moved, "expected the small [T, B, D] / [T, H, B] transposes"
   assert max(moved) < Tn * Bn * 4 * Hn, moved
 

@@ -29,28 +29,27 @@ def run_numpy(step, h0, xs):
   return state, np.stack(ys, 1)
 
 
+def iter_eqns(jaxpr):
+  """Every equation of a jaxpr, sub-jaxprs (scan bodies, remat, pjit,
+  custom_vjp calls) included."""
+  from jax.extend import core as jcore
+  for eqn in jaxpr.eqns:
+    yield eqn
+    for p in eqn.params.values():
+      for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+        if isinstance(sub, jcore.ClosedJaxpr):
+          yield from iter_eqns(sub.jaxpr)
+        elif isinstance(sub, jcore.Jaxpr):
+          yield from iter_eqns(sub)
+
+
 def intermediate_shapes(fn, *args):
   """Shapes of every value a traced computation creates, sub-jaxprs
   (scan bodies, remat, pjit) included."""
   import jax
-  from jax.extend import core as jcore
-
-  shapes = []
-
-  def visit(jaxpr):
-    for eqn in jaxpr.eqns:
-      for v in eqn.outvars:
-        if hasattr(v.aval, "shape"):
-          shapes.append(tuple(v.aval.shape))
-      for p in eqn.params.values():
-        for sub in (p if isinstance(p, (tuple, list)) else (p,)):
-          if isinstance(sub, jcore.ClosedJaxpr):
-            visit(sub.jaxpr)
-          elif isinstance(sub, jcore.Jaxpr):
-            visit(sub)
-
-  visit(jax.make_jaxpr(fn)(*args).jaxpr)
-  return shapes
+  return [tuple(v.aval.shape)
+          for eqn in iter_eqns(jax.make_jaxpr(fn)(*args).jaxpr)
+          for v in eqn.outvars if hasattr(v.aval, "shape")]
 
 
 def assert_no_bhh(fn, args, B, H):
