@@ -187,19 +187,20 @@ def _forward(forget_bias, unroll, tr, W2, b2, xp2, mask, h0, c0):
 def _layer_forward(forget_bias, unroll, tr, W_h, W_x, b, xs, mask, h0, c0):
   """x_t W_x (all steps, one matmul; xs is xp when W_x is None), the loop in
   its layout, and the results back in [B, ...] order. Also returns the
-  inputs as the backward wants them: [D, T*B] rows gate-major, xs
-  batch-major."""
+  inputs as dW_x wants them ([D, T*B] rows gate-major, xs batch-major;
+  None without W_x, so that no residual holds xp while it is overwritten)."""
   if tr:  # x^T [D, T*B] (one pass over x), then xp^T = W_x^T x^T [4H, T*B]
     T, B, D = xs.shape
     xT = jnp.transpose(xs, (2, 0, 1)).reshape(D, T * B)
     xp2 = (xT if W_x is None else W_x.T @ xT).reshape(-1, T, B)
     (h, c), ys2, res = _forward(forget_bias, unroll, True, W_h.T, b[:, None],
                                 xp2, mask, h0.T, c0.T)
-    return (h.T, c.T), jnp.swapaxes(ys2, 1, 2), ys2, res, xT
+    return ((h.T, c.T), jnp.swapaxes(ys2, 1, 2), ys2, res,
+            None if W_x is None else xT)
   xp = xs if W_x is None else jnp.einsum("tbd,dn->tbn", xs, W_x)
   (h, c), ys, res = _forward(forget_bias, unroll, False, W_h, b[None], xp,
                              mask, h0, c0)
-  return (h, c), ys, ys, res, xs
+  return (h, c), ys, ys, res, None if W_x is None else xs
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
