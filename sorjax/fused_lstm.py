@@ -70,7 +70,10 @@ GATE_MAJOR_FROM = 512
 def _scan_ahead(where, body, carry, buf, xs, reverse, unroll, axis=0):
   """The loop of `scan_prefetch` (buf None) and `scan_overwrite`: step t
   gets buf[t] (indexed along `axis`) and x_t in its carry, sliced by step
-  t - 1 (t + 1 when reverse), and body's w_t is written over buf[t]."""
+  t - 1 (t + 1 when reverse), and body's w_t is written over buf[t].
+  With unroll u > 1 the loop steps through chunks of u steps: one slice of
+  u steps ahead, u bodies, one write of u steps (`_chunked`)."""
+  tmap = jax.tree_util.tree_map
   lens = ([a.shape[axis] for a in jax.tree_util.tree_leaves(buf)]
           + [a.shape[0] for a in jax.tree_util.tree_leaves(xs)])
   if not lens:
@@ -80,34 +83,65 @@ def _scan_ahead(where, body, carry, buf, xs, reverse, unroll, axis=0):
                      f"0) must have one length, got {lens}")
   n = lens[0]
   if n == 0:  # as lax.scan: the carry unchanged, empty ys of body's shapes
-    step = (jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape[:axis] + a.shape[axis + 1:],
-                                       a.dtype), buf),
-            jax.tree_util.tree_map(
-        lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs))
+    step = (tmap(lambda a: jax.ShapeDtypeStruct(
+        a.shape[:axis] + a.shape[axis + 1:], a.dtype), buf),
+            tmap(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs))
     y = jax.eval_shape(lambda c, bx: body(c, *bx)[1], carry, step)
-    return carry, jax.tree_util.tree_map(
-        lambda s: jnp.zeros((0, *s.shape), s.dtype), y), buf
+    return carry, tmap(lambda s: jnp.zeros((0, *s.shape), s.dtype), y), buf
+  if unroll < 1:
+    raise ValueError(f"{where}: unroll must be >= 1, got {unroll}")
+  u = min(int(unroll), n)
+  r = n % u  # the last r steps (the first ones when reverse) one at a time
+  parts = [(0, n - r, u), (n - r, n, 1)] if r else [(0, n, u)]
+  ys = []
+  for lo, hi, k in (parts[::-1] if reverse else parts):
+    carry, y, buf = _chunked(body, carry, buf, xs, reverse, k, axis, lo, hi)
+    ys.append(y)
+  ys = ys[::-1] if reverse else ys
+  if len(ys) == 1:
+    return carry, ys[0], buf
+  return carry, tmap(lambda *a: jnp.concatenate(a), *ys), buf
 
-  def at(tree, t, ax):
-    return jax.tree_util.tree_map(
-        lambda a: jax.lax.dynamic_index_in_dim(a, t, ax, keepdims=False),
-        tree)
 
-  def wrapped(state, t):
-    c, b_t, x_t, b = state
-    c, y, w = body(c, b_t, x_t)
-    b = jax.tree_util.tree_map(
-        lambda b_, w_: jax.lax.dynamic_update_index_in_dim(
-            b_, w_.astype(b_.dtype), t, axis), b, w)
-    nxt = jnp.clip(t - 1 if reverse else t + 1, 0, n - 1)
-    return (c, at(b, nxt, axis), at(xs, nxt, 0), b), y
+def _chunked(body, carry, buf, xs, reverse, u, axis, lo, hi):
+  """Steps lo .. hi - 1 (hi - lo a multiple of u) in chunks of u steps.
 
-  t0 = n - 1 if reverse else 0
+  Each chunk of buf and xs reaches the loop iteration through its carry,
+  sliced by the iteration before; the chunk's u results go over buf in one
+  write. Unrolling `lax.scan` instead let XLA fuse the inner steps' slices
+  of the updated buf into their consumers, which then had to run before the
+  next write: XLA copied the whole buf on every iteration (0.4-0.5x at
+  B=10 H=12; benchmarks/small_model.md)."""
+  tmap = jax.tree_util.tree_map
+  m = (hi - lo) // u
+
+  def chunk(tree, k, ax):
+    return tmap(lambda a: jax.lax.dynamic_slice_in_dim(a, lo + k * u, u, ax),
+                tree)
+
+  def wrapped(state, k):
+    c, b_k, x_k, b = state
+    ys, ws = [None] * u, [None] * u
+    for j in (range(u - 1, -1, -1) if reverse else range(u)):
+      c, ys[j], ws[j] = body(
+          c, tmap(lambda a: jax.lax.index_in_dim(a, j, axis, False), b_k),
+          tmap(lambda a: a[j], x_k))
+    if u == 1:
+      w = tmap(lambda w_: jnp.expand_dims(w_, axis), ws[0])
+      y = tmap(lambda y_: y_[None], ys[0])
+    else:
+      w = tmap(lambda *w_: jnp.stack(w_, axis), *ws)
+      y = tmap(lambda *y_: jnp.stack(y_), *ys)
+    b = tmap(lambda b_, w_: jax.lax.dynamic_update_slice_in_dim(
+        b_, w_.astype(b_.dtype), lo + k * u, axis), b, w)
+    nxt = jnp.clip(k - 1 if reverse else k + 1, 0, m - 1)
+    return (c, chunk(b, nxt, axis), chunk(xs, nxt, 0), b), y
+
+  k0 = m - 1 if reverse else 0
   (carry, _, _, buf), ys = jax.lax.scan(
-      wrapped, (carry, at(buf, t0, axis), at(xs, t0, 0), buf),
-      jnp.arange(n, dtype=jnp.int32), reverse=reverse, unroll=unroll)
-  return carry, ys, buf
+      wrapped, (carry, chunk(buf, k0, axis), chunk(xs, k0, 0), buf),
+      jnp.arange(m, dtype=jnp.int32), reverse=reverse)
+  return carry, tmap(lambda a: a.reshape(m * u, *a.shape[2:]), ys), buf
 
 
 def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
@@ -135,7 +169,10 @@ def scan_overwrite(body: Callable, carry: Any, buf: Any, xs: Any,
   x_t reach step t sliced one step ahead.
 
   Because buf is a loop carry, XLA updates it in place when the caller's
-  buffer is dead afterwards, and copies it once otherwise.
+  buffer is dead afterwards, and copies it once otherwise. With unroll
+  u > 1 each loop iteration runs u steps on a chunk of u steps of buf and
+  xs (sliced one iteration ahead) and writes the chunk back at once; the
+  n % u steps left run one per iteration.
   """
   return _scan_ahead("scan_overwrite", body, carry, buf, xs, reverse, unroll,
                      axis)
@@ -401,7 +438,8 @@ def lstm_scan(W_h: Array, xp: Array, carry: LSTMCarry,
     lengths: optional int [B]; steps t >= lengths[b] keep the carry and
       output zeros, as `sorjax.unroll`.
     forget_bias: added to the forget gate's pre-activation.
-    unroll: `lax.scan` unroll factor of both loops.
+    unroll: steps per loop iteration in both loops (chunks of `unroll`
+      steps, each read and written once; see `scan_overwrite`).
     layout: "gate_major" (state h^T [H, B]; buffers [4H, T, B], the inputs
       and outputs transposed around the loops) or "batch_major" (state
       h [B, H]; no transposes); None picks gate_major for

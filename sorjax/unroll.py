@@ -377,7 +377,8 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       fused_grad=True the backward loop always recomputes `post` from the
       saved carry and z_t, so "dots" is False there and True recomputes
       z_t = r_{t-1} W instead of storing it.
-    unroll: `lax.scan` unroll factor.
+    unroll: steps per loop iteration (`lax.scan`'s unroll factor; the fused
+      loops run chunks of this many steps, `fused_lstm.scan_overwrite`).
     hoist: compute `cell.precompute` for all T before the scan (default) or
       inside the scan body, one step at a time.
     fused_grad: batched weight gradients (see the module docstring): True

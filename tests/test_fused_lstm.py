@@ -3,6 +3,8 @@ values, final carry, masking, gradients (finite differences and a plain
 JAX loop), vmap over replicas, jit, and the prefetching scan; every check
 in both layouts (batch-major and gate-major)."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -252,6 +254,113 @@ def test_scan_overwrite_along_an_inner_axis(reverse):
   np.testing.assert_allclose(w, jnp.moveaxis(rw, 0, 1), rtol=1e-6)
   with pytest.raises(ValueError, match=r"one length, got \[5, 4\]"):
     scan_overwrite(body, jnp.ones((2, 3)), buf, xs[:4], axis=1)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("n,unroll", [(8, 4), (7, 3), (7, 2), (5, 9), (1, 3),
+                                      (6, 6)])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_scan_overwrite_unrolled_in_chunks_is_the_scan(reverse, n, unroll,
+                                                        axis):
+  """unroll u > 1 runs chunks of u steps (and the n % u left one at a time):
+  every step, in order, against lax.scan of the same body."""
+  buf = jnp.arange(2.0 * n * 3).reshape(n, 2, 3) / 7
+  xs = (jnp.arange(n, dtype=jnp.float32) + 1, jnp.arange(2.0 * n).reshape(n, 2))
+
+  def body(c, b, x):  # w_t depends on the carry, so the order is checked
+    a, v = x
+    c = 0.5 * c + b * a + v[:, None]
+    return c, (c.sum(), a), jnp.sin(b) + c
+
+  def ref_body(c, inp):
+    c, y, w = body(c, *inp)
+    return c, (y, w)
+
+  rc, (ry, rw) = jax.lax.scan(ref_body, jnp.ones((2, 3)), (buf, xs),
+                              reverse=reverse)
+  b_in = jnp.moveaxis(buf, 0, axis)
+  c, ys, w = jax.jit(lambda b: scan_overwrite(
+      body, jnp.ones((2, 3)), b, xs, reverse=reverse, unroll=unroll,
+      axis=axis))(b_in)
+  np.testing.assert_allclose(c, rc, rtol=1e-6)
+  for g, r in zip(jax.tree_util.tree_leaves(ys), jax.tree_util.tree_leaves(ry)):
+    np.testing.assert_allclose(g, r, rtol=1e-6)
+  np.testing.assert_allclose(w, jnp.moveaxis(rw, 0, axis), rtol=1e-6)
+  pc, pys = scan_prefetch(lambda c, x: body(c, x[0], x[1:])[:2], jnp.ones((2, 3)),
+                          (buf, *xs), reverse=reverse, unroll=unroll)
+  np.testing.assert_allclose(pc, rc, rtol=1e-6)
+  np.testing.assert_allclose(pys[0], ry[0], rtol=1e-6)
+  with pytest.raises(ValueError, match="unroll must be >= 1, got 0"):
+    scan_overwrite(body, jnp.ones((2, 3)), buf, xs, unroll=0)
+
+
+@pytest.mark.parametrize("layout", ["batch_major", "gate_major"])
+def test_layer_unrolled_equals_unroll_one(layout):
+  """Values and every gradient with unroll 3 over T = 7 (two chunks and a
+  step alone), with a mask, equal those of unroll 1."""
+  Tn, Bn, Dn, Hn = 7, 3, 2, 4
+  k = jax.random.split(jax.random.key(5), 6)
+  args = (jax.random.normal(k[0], (Hn, 4 * Hn)) * 0.4,
+          jax.random.normal(k[1], (Dn, 4 * Hn)) * 0.4,
+          jax.random.normal(k[2], (4 * Hn,)) * 0.1,
+          jax.random.normal(k[3], (Tn, Bn, Dn)))
+  carry = LSTMCarry(jax.random.normal(k[4], (Bn, Hn)),
+                    jax.random.normal(k[5], (Bn, Hn)))
+  lengths = jnp.array([7, 4, 1])
+
+  def loss(unroll, *a):
+    (h, c), ys = lstm_layer(*a, carry, lengths, forget_bias=1.0,
+                            unroll=unroll, layout=layout)
+    return jnp.sum(ys * jnp.cos(ys)) + jnp.sum(h * c), ys
+
+  (l1, y1), g1 = jax.value_and_grad(lambda *a: loss(1, *a), (0, 1, 2, 3),
+                                    has_aux=True)(*args)
+  (l3, y3), g3 = jax.value_and_grad(lambda *a: loss(3, *a), (0, 1, 2, 3),
+                                    has_aux=True)(*args)
+  np.testing.assert_allclose(y3, y1, rtol=1e-6, atol=1e-7)
+  np.testing.assert_allclose(l3, l1, rtol=1e-6)
+  for a, b in zip(g3, g1):
+    np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+
+
+def _while_body_copies(hlo: str, shape: str) -> list[str]:
+  """The `copy` instructions of result `shape` (e.g. "f32[20,3,16]") inside
+  the while-loop bodies of an optimized HLO module's text."""
+  bodies = set(re.findall(r"body=(%[\w.-]+)", hlo))
+  found, current = [], None
+  for line in hlo.splitlines():
+    head = re.match(r"(%[\w.-]+) \(", line)
+    if head:
+      current = head.group(1)
+    elif line.startswith("}"):
+      current = None
+    elif current in bodies and f"= {shape}" in line and " copy(" in line:
+      found.append(line.strip())
+  return found
+
+
+@pytest.mark.parametrize("unroll", [1, 4])
+def test_unrolled_layer_loops_copy_no_buffer(unroll):
+  """The [T, B, 4H] buffers stay in place in both loops at any unroll: an
+  unrolled lax.scan let XLA copy the whole buffer on every iteration
+  (2x slower at B=10 H=12)."""
+  Tn, Bn, Hn = 20, 3, 4
+  k = jax.random.split(jax.random.key(0), 4)
+  W_h = jax.random.normal(k[0], (Hn, 4 * Hn)) * 0.3
+  W_x = jax.random.normal(k[1], (Hn, 4 * Hn)) * 0.3
+  b = jnp.zeros((4 * Hn,))
+  xs = jax.random.normal(k[2], (Tn, Bn, Hn))
+  z = jnp.zeros((Bn, Hn))
+
+  def loss(W_h, W_x, xs):
+    _, ys = lstm_layer(W_h, W_x, b, xs, LSTMCarry(z, z), unroll=unroll,
+                       layout="batch_major")
+    return jnp.sum(ys ** 2)
+
+  hlo = jax.jit(jax.grad(loss, (0, 1, 2))).lower(W_h, W_x, xs).compile(
+      ).as_text()
+  assert "body=" in hlo
+  assert _while_body_copies(hlo, f"f32[{Tn},{Bn},{4 * Hn}]") == []
 
 
 def test_gate_major_layer_moves_no_gate_sized_array():
