@@ -115,25 +115,28 @@ def _chunked(body, carry, buf, xs, reverse, u, axis, lo, hi):
   tmap = jax.tree_util.tree_map
   m = (hi - lo) // u
 
-  def chunk(tree, k, ax):
+  def chunk(tree, k, ax):  # u = 1: the step itself, no chunk axis
+    if u == 1:
+      return tmap(lambda a: jax.lax.dynamic_index_in_dim(a, lo + k, ax, False),
+                  tree)
     return tmap(lambda a: jax.lax.dynamic_slice_in_dim(a, lo + k * u, u, ax),
                 tree)
 
   def wrapped(state, k):
     c, b_k, x_k, b = state
-    ys, ws = [None] * u, [None] * u
-    for j in (range(u - 1, -1, -1) if reverse else range(u)):
-      c, ys[j], ws[j] = body(
-          c, tmap(lambda a: jax.lax.index_in_dim(a, j, axis, False), b_k),
-          tmap(lambda a: a[j], x_k))
     if u == 1:
-      w = tmap(lambda w_: jnp.expand_dims(w_, axis), ws[0])
-      y = tmap(lambda y_: y_[None], ys[0])
+      c, y, w = body(c, b_k, x_k)
+      b = tmap(lambda b_, w_: jax.lax.dynamic_update_index_in_dim(
+          b_, w_.astype(b_.dtype), lo + k, axis), b, w)
     else:
-      w = tmap(lambda *w_: jnp.stack(w_, axis), *ws)
+      ys, ws = [None] * u, [None] * u
+      for j in (range(u - 1, -1, -1) if reverse else range(u)):
+        c, ys[j], ws[j] = body(
+            c, tmap(lambda a: jax.lax.index_in_dim(a, j, axis, False), b_k),
+            tmap(lambda a: a[j], x_k))
       y = tmap(lambda *y_: jnp.stack(y_), *ys)
-    b = tmap(lambda b_, w_: jax.lax.dynamic_update_slice_in_dim(
-        b_, w_.astype(b_.dtype), lo + k * u, axis), b, w)
+      b = tmap(lambda b_, *w_: jax.lax.dynamic_update_slice_in_dim(
+          b_, jnp.stack(w_, axis).astype(b_.dtype), lo + k * u, axis), b, *ws)
     nxt = jnp.clip(k - 1 if reverse else k + 1, 0, m - 1)
     return (c, chunk(b, nxt, axis), chunk(xs, nxt, 0), b), y
 
@@ -141,7 +144,9 @@ def _chunked(body, carry, buf, xs, reverse, u, axis, lo, hi):
   (carry, _, _, buf), ys = jax.lax.scan(
       wrapped, (carry, chunk(buf, k0, axis), chunk(xs, k0, 0), buf),
       jnp.arange(m, dtype=jnp.int32), reverse=reverse)
-  return carry, tmap(lambda a: a.reshape(m * u, *a.shape[2:]), ys), buf
+  if u > 1:
+    ys = tmap(lambda a: a.reshape(m * u, *a.shape[2:]), ys)
+  return carry, ys, buf
 
 
 def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
