@@ -85,7 +85,7 @@ def sorjax_case(spec: dict) -> JaxCase:
   R = spec.get("replicas", 0)
   cell = cells.make(name, **hp)
   opts = dict(hoist=spec.get("hoist", True), remat=spec.get("remat", False),
-              unroll=spec.get("unroll", 1),
+              unroll=spec.get("unroll"),
               fused_grad=spec.get("fused_grad"))
   k0, k1, k2 = jax.random.split(jax.random.key(0), 3)
 

@@ -73,7 +73,7 @@ def label(spec: dict) -> str:
   hp = spec.get("hparams") or {}
   if hp.get("mix") == "gates":
     opts.append("mix=gates")
-  for k, default in (("hoist", True), ("remat", False), ("unroll", 1),
+  for k, default in (("hoist", True), ("remat", False), ("unroll", None),
                      ("fused_grad", None)):
     if k in spec and spec[k] != default:
       opts.append(f"{k}={spec[k]}")

@@ -355,7 +355,8 @@ def _vjp_inexact(f: Callable, args: tuple, ct):
 # ------------------------------------------------------------------ unroll
 
 def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
-           reverse: bool = False, remat: bool | str = False, unroll: int = 1,
+           reverse: bool = False, remat: bool | str = False,
+           unroll: int | None = None,
            hoist: bool = True, fused_grad: bool | None = None, **aux: Any):
   """Runs `cell` over xs [B, T, D]; returns (final_carry, ys [B, T, H]).
 
@@ -379,6 +380,8 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       z_t = r_{t-1} W instead of storing it.
     unroll: steps per loop iteration (`lax.scan`'s unroll factor; the fused
       loops run chunks of this many steps, `fused_lstm.scan_overwrite`).
+      None: `fused_lstm.default_unroll` on the LSTM layer path (2 for
+      batch-major H <= 32, else 1), 1 on every other path.
     hoist: compute `cell.precompute` for all T before the scan (default) or
       inside the scan body, one step at a time.
     fused_grad: batched weight gradients (see the module docstring): True
@@ -401,6 +404,10 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
   if fused_grad not in (None, True, False):
     raise ValueError(
         f"unroll: fused_grad must be None, True or False, got {fused_grad!r}")
+  if unroll is not None and (isinstance(unroll, bool) or not isinstance(
+      unroll, (int, np.integer)) or unroll < 1):
+    raise ValueError(
+        f"unroll: unroll must be None or a positive int, got {unroll!r}")
   fused = _fused_by_default(cell, remat) if fused_grad is None else fused_grad
   if fused and not supports_fused_grad(cell):
     raise ValueError(
@@ -440,7 +447,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
                                       carry, lengths, lstm.forget_bias,
                                       unroll, name=lstm.name)
   else:
-    loop = _Loop(cell, hoist, remat, unroll)
+    loop = _Loop(cell, hoist, remat, 1 if unroll is None else int(unroll))
     if hoist:
       seq, pp = _precompute_rows(cell, params, xs_tm, per_step_tm, scalar), ()
     else:
@@ -484,7 +491,7 @@ def unroll_layers(cells: Sequence[Any], params: Sequence[Any], xs: Array,
                   lengths: Array | None = None, *,
                   between: Callable[[int, Array], Array] | None = None,
                   reverse: bool = False, remat: bool | str = False,
-                  unroll: int = 1, hoist: bool = True,
+                  unroll: int | None = None, hoist: bool = True,
                   fused_grad: bool | None = None, **aux: Any):
   """Runs a stack of cells, one scan per layer; returns (carries, ys).
 

@@ -10,6 +10,7 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sorjax import cells
 from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import (lstm_layer, lstm_scan, scan_overwrite,
                                scan_prefetch)
@@ -458,6 +459,50 @@ def test_default_layout_is_gate_major_from_the_threshold(monkeypatch, hidden,
   lstm_scan(jnp.zeros((hidden, 4 * hidden)), jnp.ones((T, B, 4 * hidden)),
             LSTMCarry(z, z))
   assert seen == [tr]
+
+
+@pytest.mark.parametrize("hidden, layout, unroll, want", [
+    (4, None, None, 2), (8, None, None, 1), (4, "gate_major", None, 1),
+    (4, None, 3, 3), (8, None, 1, 1)])
+def test_unroll_none_is_two_for_small_batch_major_layers(
+    monkeypatch, hidden, layout, unroll, want):
+  """unroll=None: 2 for batch-major layers up to AUTO_UNROLL_MAX_H, 1
+  otherwise; an explicit factor is used as given. The same through
+  sorjax.unroll, whose other paths take None as 1."""
+  import sorjax
+  from sorjax import fused_lstm
+  monkeypatch.setattr(fused_lstm, "AUTO_UNROLL_MAX_H", 4)
+  seen, layer = [], fused_lstm._layer
+
+  def spy(fb, unroll_, tr_, *args):
+    seen.append(unroll_)
+    return layer(fb, unroll_, tr_, *args)
+
+  monkeypatch.setattr(fused_lstm, "_layer", spy)
+  z = jnp.zeros((B, hidden))
+  lstm_scan(jnp.zeros((hidden, 4 * hidden)), jnp.ones((T, B, 4 * hidden)),
+            LSTMCarry(z, z), unroll=unroll, layout=layout)
+  assert seen == [want]
+  if layout is None:
+    cell = cells.make("lstm", hidden_size=hidden)
+    sorjax.unroll(cell, cell.init(jax.random.key(0), 3), jnp.ones((B, T, 3)),
+                  unroll=unroll)
+    assert seen == [want, want]
+
+
+@pytest.mark.parametrize("bad", [0, -1, True, 1.5])
+def test_unroll_must_be_none_or_a_positive_int(bad):
+  import sorjax
+  z = jnp.zeros((B, 4))
+  with pytest.raises(ValueError, match="unroll must be None or a positive "
+                     "int, got"):
+    lstm_scan(jnp.zeros((4, 16)), jnp.ones((T, B, 16)), LSTMCarry(z, z),
+              unroll=bad)
+  cell = cells.make("gru", hidden_size=4)
+  with pytest.raises(ValueError, match="unroll: unroll must be None or a "
+                     "positive int"):
+    sorjax.unroll(cell, cell.init(jax.random.key(0), 3), jnp.ones((B, T, 3)),
+                  unroll=bad)
 
 
 @pytest.mark.parametrize("layout", LAYOUTS)

@@ -89,7 +89,7 @@ class RecurrentTrunk(nn.Module):
   weight_drop: float = 0.0
   param_dtype: Any = jnp.float32
   remat: bool | str = False
-  unroll: int = 1
+  unroll: int | None = None
   hoist: bool = True
   fused_grad: bool | None = None
 
@@ -155,7 +155,8 @@ class RecurrentTrunk(nn.Module):
         raise self._error(
             f"locked_dropout must be a bool or a tuple of {DROPOUT_SITES}; "
             f"unknown sites {bad}")
-    base.check_positive_int(type(self).__name__, "unroll", self.unroll)
+    if self.unroll is not None:
+      base.check_positive_int(type(self).__name__, "unroll", self.unroll)
     if self.weight_drop > 0.0:  # every layer must have a matrix to drop
       for l, (cell, n) in enumerate(zip(self.cells,
                                         self.layer_input_sizes())):

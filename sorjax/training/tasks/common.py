@@ -45,7 +45,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       output_dropout=0.0, locked_dropout=False, weight_drop=0.0,
       activation_reg=0.0, temporal_activation_reg=0.0,
       tie_embedding=False,
-      tie_projection=False, remat=False, unroll=1, hoist=True,
+      tie_projection=False, remat=False, unroll=None, hoist=True,
       fused_grad=None,
       **{k: None for k in CELL_HPARAMS}))
   for k, v in overrides.items():
