@@ -7,7 +7,7 @@ A few minutes on 2 CPU cores; leaves checkpoints, metrics and a figure
         --workdir=/tmp/sorjax_demo
 """
 
-from experiments.configs import common
+from experiments.configs import _options, common
 
 
 def get_config():
@@ -23,4 +23,4 @@ def get_config():
   c.train.log_every = 20
   c.train.checkpoint_every = 100
   c.figures = ("ldpa",)
-  return c
+  return _options.overridable(c)

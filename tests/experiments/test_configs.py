@@ -524,9 +524,21 @@ def test_optional_fields_can_be_set_on_the_command_line(name, monkeypatch):
   path = f"--config=experiments/configs/{name}.py"
   cfg = _parse_flags(["main", path, "--config.train.max_steps=3",
                       "--config.temperature.eval_value=0.05",
-                      "--config.model.budget=1000"])
+                      "--config.model.budget=1000",
+                      "--config.model.unroll=2"])
   assert (cfg.train.max_steps, cfg.temperature.eval_value,
-          cfg.model.budget) == (3, 0.05, 1000)
+          cfg.model.budget, cfg.model.unroll) == (3, 0.05, 1000, 2)
   assert _parse_flags(["main", path]).train.max_steps is None
   with pytest.raises(Exception, match="max_steps"):
     _parse_flags(["main", path, "--config.train.max_steps=three"])
+
+
+@pytest.mark.filterwarnings("ignore:the load_module:DeprecationWarning")
+def test_the_demo_config_takes_the_optional_fields_too(monkeypatch):
+  monkeypatch.chdir(ROOT)
+  cfg = _parse_flags(["main", "--config=experiments/configs/demo.py",
+                      "--config.train.max_steps=3",
+                      "--config.model.unroll=2"])
+  assert (cfg.train.max_steps, cfg.model.unroll) == (3, 2)
+  assert _parse_flags(["main", "--config=experiments/configs/demo.py"]
+                      ).model.unroll is None
