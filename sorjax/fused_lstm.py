@@ -78,13 +78,18 @@ def default_unroll(H: int, layout: str) -> int:
   return 2 if layout == "batch_major" and H <= AUTO_UNROLL_MAX_H else 1
 
 
-def _unroll_factor(where: str, unroll, H: int, tr: bool) -> int:
-  if unroll is None:
-    return default_unroll(H, "gate_major" if tr else "batch_major")
-  if isinstance(unroll, bool) or not isinstance(unroll, (int, np.integer)) \
-      or unroll < 1:
+def check_unroll(where: str, unroll) -> None:
+  """Raises unless `unroll` is None or a positive int (names `where`)."""
+  if unroll is not None and (isinstance(unroll, bool) or not isinstance(
+      unroll, (int, np.integer)) or unroll < 1):
     raise ValueError(f"{where}: unroll must be None or a positive int, got "
                      f"{unroll!r}")
+
+
+def _unroll_factor(where: str, unroll, H: int, tr: bool) -> int:
+  check_unroll(where, unroll)
+  if unroll is None:
+    return default_unroll(H, "gate_major" if tr else "batch_major")
   return int(unroll)
 
 

@@ -404,10 +404,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
   if fused_grad not in (None, True, False):
     raise ValueError(
         f"unroll: fused_grad must be None, True or False, got {fused_grad!r}")
-  if unroll is not None and (isinstance(unroll, bool) or not isinstance(
-      unroll, (int, np.integer)) or unroll < 1):
-    raise ValueError(
-        f"unroll: unroll must be None or a positive int, got {unroll!r}")
+  fused_lstm.check_unroll("unroll", unroll)
   fused = _fused_by_default(cell, remat) if fused_grad is None else fused_grad
   if fused and not supports_fused_grad(cell):
     raise ValueError(
