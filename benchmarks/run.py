@@ -150,13 +150,13 @@ class Worker:
   """One framework's worker process, started on first use, restarted if it
   dies (e.g. killed for memory) or times out."""
 
-  def __init__(self, module: str, log_path: Path):
-    self.module, self.log_path = module, log_path
+  def __init__(self, module: str, log_path: Path, env: dict | None = None):
+    self.module, self.log_path, self.env = module, log_path, env or {}
     self.proc: subprocess.Popen | None = None
     self.lines: queue.Queue = queue.Queue()
 
   def _start(self):
-    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
+    env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false", **self.env)
     env["PYTHONPATH"] = os.pathsep.join(
         [str(ROOT)] + [p for p in env.get("PYTHONPATH", "").split(os.pathsep)
                        if p])
@@ -285,8 +285,9 @@ def matmuls(n: int, torch_ok: bool) -> list[Contender]:
 class Bench:
   def __init__(self, args, profile: Profile, torch_ok: bool, log: Path):
     self.args, self.profile, self.torch_ok = args, profile, torch_ok
-    self.workers = {"jax": Worker("benchmarks.jax_worker", log),
-                    "torch": Worker("benchmarks.torch_worker", log)}
+    env = host_malloc_env(args.host_malloc)
+    self.workers = {"jax": Worker("benchmarks.jax_worker", log, env),
+                    "torch": Worker("benchmarks.torch_worker", log, env)}
     self.log = log
     self.clock = "cpu_seconds" if args.clock == "cpu" else "seconds"
     self.counter = 0
@@ -350,6 +351,23 @@ class Bench:
     g = Group(mm, contenders)
     self.raw.append(g.as_json())
     return g
+
+
+def host_malloc_env(mode: str) -> dict:
+  """Every worker's extra environment for --host-malloc: "reuse" gives each
+  framework's process the glibc settings of `sorjax.host_memory` (freed
+  buffers stay in the process), through GLIBC_TUNABLES so that they hold
+  from the process's first allocation. The module is loaded from its file:
+  importing the sorjax package would import jax into the driver."""
+  if mode == "default":
+    return {}
+  spec = importlib.util.spec_from_file_location(
+      "_sorjax_host_memory", ROOT / "sorjax" / "host_memory.py")
+  module = importlib.util.module_from_spec(spec)
+  spec.loader.exec_module(module)
+  tunables = os.environ.get("GLIBC_TUNABLES")
+  return {"GLIBC_TUNABLES": module.TUNABLES + (f":{tunables}" if tunables
+                                                else "")}
 
 
 def torch_memory(spec: dict, timeout: float) -> int | None:
@@ -880,6 +898,12 @@ def parse_args(argv=None):
   ap.add_argument("--no-torch-memory", dest="torch_memory",
                   action="store_false",
                   help="skip the fresh-process torch memory measurements")
+  ap.add_argument("--host-malloc", choices=("default", "reuse"),
+                  default="default",
+                  help="reuse: every worker (torch, flax and sorjax alike) "
+                       "keeps freed host buffers (sorjax.host_memory's glibc "
+                       "settings), so steps whose temporaries exceed 64 MB "
+                       "stop page-faulting them in; default: glibc as is")
   ap.add_argument("--out", default=None,
                   help="markdown report (default a new file "
                        "benchmarks/reports/<UTC time>-<profile>.md, so the "
@@ -939,6 +963,9 @@ def main(argv=None) -> int:
           f"ratios are medians of per-round ratios\n"
           + (f"- XLA_FLAGS: `{os.environ['XLA_FLAGS']}`\n"
              if os.environ.get("XLA_FLAGS") else "")
+          + (f"- host malloc: reuse in every worker (`GLIBC_TUNABLES="
+             f"{host_malloc_env('reuse')['GLIBC_TUNABLES']}`)\n"
+             if args.host_malloc == "reuse" else "")
           + f"- worker log: {log}")
   rep = Report()
   rep.add(head)

@@ -14,6 +14,7 @@ from absl import app, flags, logging
 from ml_collections import config_flags
 
 from experiments import train
+from sorjax import host_memory
 from sorjax.training.tasks.common import ConfigError
 
 FLAGS = flags.FLAGS
@@ -21,6 +22,11 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, "
                     "figures and the resolved config.")
 config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                 lock_config=True)
+flags.DEFINE_enum("host_malloc", "default", host_memory.MODES,
+                  "reuse: keep freed host buffers in the process "
+                  "(sorjax.host_memory): CPU steps whose XLA temporaries "
+                  "exceed 64 MB stop page-faulting them in, at the cost of "
+                  "a heap that keeps a few temps; default: glibc as is.")
 flags.mark_flags_as_required(["config", "workdir"])
 
 
@@ -36,6 +42,9 @@ def main(argv):
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if host_memory.configure(FLAGS.host_malloc):
+    logging.info("host_malloc: freed host buffers are reused (one arena, "
+                 "no trimming)")
   try:
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except ConfigError as e:

@@ -37,6 +37,8 @@ flags.DEFINE_integer("replicas", 3, "Seeds per run (config.num_replicas).")
 flags.DEFINE_string("figures", None, "Also copy the item's PNGs here, "
                     "prefixed with the item's name.")
 flags.DEFINE_bool("list", False, "List the items and exit.")
+flags.DEFINE_enum("host_malloc", "default", ("default", "reuse"),
+                  "As experiments.main's --host_malloc (sorjax.host_memory).")
 
 
 class ReproduceError(ValueError):
@@ -745,6 +747,8 @@ def main(argv):
                          "--list shows them)")
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required")
+  from sorjax import host_memory
+  host_memory.configure(FLAGS.host_malloc)
   try:
     s = reproduce(argv[1], FLAGS.workdir, FLAGS.scale, FLAGS.replicas,
                   FLAGS.figures)

@@ -1,0 +1,102 @@
+"""sorjax.host_memory: freed host buffers are reused, so a CPU step whose
+XLA temporaries exceed glibc's 64 MB arena heaps stops page-faulting them
+in on every call. Each case runs in a fresh process (the settings must
+precede JAX's CPU client)."""
+
+import json
+import os
+import platform
+import subprocess
+import sys
+
+import pytest
+
+from sorjax import host_memory
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+glibc_only = pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+    reason="glibc malloc settings (Linux with glibc only)")
+
+# A jitted step with a 128 MB temporary (tanh of the [8192, 4096] product,
+# read by a second product); prints the temp size and the median minor page
+# faults of nine calls after five warm-ups (with reuse, the heap grows in
+# the first calls and, rarely, later: the median skips those).
+_PROBE = """
+import json, resource, sys
+from sorjax import host_memory
+applied = host_memory.configure(sys.argv[1])
+import jax, jax.numpy as jnp
+f = jax.jit(lambda a, b: jnp.tanh(a @ b).T @ a)
+a, b = jnp.ones((8192, 64)), jnp.ones((64, 4096))
+temp = f.lower(a, b).compile().memory_analysis().temp_size_in_bytes
+faults = []
+for i in range(14):
+  before = resource.getrusage(resource.RUSAGE_SELF).ru_minflt
+  f(a, b).block_until_ready()
+  faults.append(resource.getrusage(resource.RUSAGE_SELF).ru_minflt - before)
+print(json.dumps({"applied": applied, "temp": temp,
+                  "faults": sorted(faults[5:])[4]}))
+"""
+
+
+def _probe(mode, tunables=None):
+  env = dict(os.environ, JAX_PLATFORMS="cpu")
+  env.pop("GLIBC_TUNABLES", None)
+  if tunables:
+    env["GLIBC_TUNABLES"] = tunables
+  out = subprocess.run([sys.executable, "-c", _PROBE, mode], cwd=ROOT,
+                       env=env, capture_output=True, text=True, timeout=300)
+  assert out.returncode == 0, out.stderr
+  return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+@glibc_only
+def test_reuse_stops_the_page_faults_of_a_large_temporary():
+  plain, reuse = _probe("default"), _probe("reuse")
+  pages = plain["temp"] / 4096
+  assert plain["temp"] >= 128 << 20
+  assert not plain["applied"] and reuse["applied"]
+  assert plain["faults"] > 0.9 * pages      # unmapped and faulted every call
+  assert reuse["faults"] < 0.01 * pages     # kept in the process
+
+
+def test_after_the_backend_started_it_refuses():
+  code = ("import jax; jax.devices()\n"
+          "from sorjax import host_memory\n"
+          "host_memory.reuse_freed_memory()\n")
+  out = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert out.returncode != 0
+  assert "must run before JAX starts its backend" in out.stderr
+
+
+def test_unknown_mode_names_the_flag():
+  with pytest.raises(ValueError, match=r"--host_malloc='fast'.*default, reuse"):
+    host_memory.configure("fast")
+
+
+def test_default_mode_changes_nothing():
+  assert host_memory.configure("default") is False
+
+
+def test_not_glibc_is_a_no_op(monkeypatch):
+  monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("musl", ""))
+  monkeypatch.setattr(host_memory, "_backend_started", lambda: False)
+  assert host_memory.reuse_freed_memory() is False
+
+
+@glibc_only
+def test_the_tunables_for_a_shell_do_the_same():
+  # What the docstring gives for a shell and `benchmarks.run --host-malloc
+  # reuse` gives every worker.
+  probe = _probe("default", tunables=host_memory.TUNABLES)
+  assert probe["faults"] < 0.01 * probe["temp"] / 4096
+
+
+@pytest.mark.parametrize("launcher", ["main", "reproduce"])
+def test_launchers_offer_the_modes(launcher):
+  out = subprocess.run([sys.executable, "-m", f"experiments.{launcher}",
+                        "--helpfull"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+  assert f"--host_malloc: <{'|'.join(host_memory.MODES)}>" in out.stdout
