@@ -2,6 +2,7 @@
 
 import json
 import os
+import platform
 import signal
 import subprocess
 import sys
@@ -196,3 +197,22 @@ def test_trees_task_runs_a_keyword_experiment(tmp_path):
   assert [r["epoch"] for r in grads] == [1, 2]
   assert any(k.startswith("grad_ratio_depth_") for k in grads[0])
   assert all(v > 0 for k, v in grads[0].items() if k.startswith("grad_"))
+
+
+@pytest.mark.skipif(
+    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+    reason="glibc malloc settings (Linux with glibc only)")
+def test_host_malloc_reuse_trains_the_same_parameters(tmp_path):
+  # --host_malloc=reuse changes where freed host buffers go, nothing else:
+  # the run logs it and ends with bitwise the parameters of a default run.
+  plain, reuse = tmp_path / "plain", tmp_path / "reuse"
+  subprocess.run(main_cmd(plain), cwd=ROOT, check=True, capture_output=True,
+                 timeout=600)
+  res = subprocess.run(main_cmd(reuse, "--host_malloc=reuse"), cwd=ROOT,
+                       check=True, capture_output=True, text=True,
+                       timeout=600)
+  assert "host_malloc: freed host buffers are reused" in res.stderr
+  a = sorjax.restore(str(plain), "latest")
+  b = sorjax.restore(str(reuse), "latest")
+  assert a.step == b.step
+  jax.tree_util.tree_map(np.testing.assert_array_equal, a.params, b.params)
