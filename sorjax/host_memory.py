@@ -5,7 +5,7 @@ threads. glibc serves those threads from per-thread arenas, whose heaps
 hold at most 64 MB, so a larger buffer is mmap'd and unmapped again on
 every call: the next call page-faults it back in and the kernel zero-fills
 it. For the LSTM layer at B=64 T=100 H=512 (forward + backward, a 105 MB
-temp) that is 25.7k page faults and 45-65 ms of system time in a
+temp) that is 25.7k page faults and 44-65 ms of system time in a
 ~210 ms call (BUILD_NOTES, "Host memory").
 
 `reuse_freed_memory()` sets glibc's malloc to one arena (the main heap,
