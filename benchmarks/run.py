@@ -283,9 +283,10 @@ def matmuls(n: int, torch_ok: bool) -> list[Contender]:
 # ------------------------------------------------------------------ measuring
 
 class Bench:
-  def __init__(self, args, profile: Profile, torch_ok: bool, log: Path):
+  def __init__(self, args, profile: Profile, torch_ok: bool, log: Path,
+               env: dict | None = None):
+    """env: every worker's extra environment (`host_malloc_env`)."""
     self.args, self.profile, self.torch_ok = args, profile, torch_ok
-    env = host_malloc_env(args.host_malloc)
     self.workers = {"jax": Worker("benchmarks.jax_worker", log, env),
                     "torch": Worker("benchmarks.torch_worker", log, env)}
     self.log = log
@@ -949,6 +950,7 @@ def main(argv=None) -> int:
   cmd = "python -m benchmarks.run" + ("" if argv is None and len(sys.argv) < 2
                                       else " " + " ".join(
                                           sys.argv[1:] if argv is None else argv))
+  worker_env = host_malloc_env(args.host_malloc)
   started = datetime.datetime.now().astimezone()
   load0 = loadavg()
   head = (f"# sorjax benchmarks ({name})\n\n"
@@ -964,8 +966,7 @@ def main(argv=None) -> int:
           + (f"- XLA_FLAGS: `{os.environ['XLA_FLAGS']}`\n"
              if os.environ.get("XLA_FLAGS") else "")
           + (f"- host malloc: reuse in every worker (`GLIBC_TUNABLES="
-             f"{host_malloc_env('reuse')['GLIBC_TUNABLES']}`)\n"
-             if args.host_malloc == "reuse" else "")
+             f"{worker_env['GLIBC_TUNABLES']}`)\n" if worker_env else "")
           + f"- worker log: {log}")
   rep = Report()
   rep.add(head)
@@ -973,7 +974,7 @@ def main(argv=None) -> int:
     raise SystemExit("--torch-threads must be >= 0")
   if args.torch_threads:
     os.environ["SORJAX_BENCH_TORCH_THREADS"] = str(args.torch_threads)
-  bench = Bench(args, profile, torch_ok, log)
+  bench = Bench(args, profile, torch_ok, log, worker_env)
   t0 = time.perf_counter()
   try:
     for s in args.section_list:

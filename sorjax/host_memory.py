@@ -47,10 +47,10 @@ def _backend_started() -> bool:
   return bool(started and started())
 
 
-def _glibc():
-  if not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc":
-    return None
-  return ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+def on_glibc() -> bool:
+  """Whether this process runs on Linux with glibc (where the settings
+  exist)."""
+  return sys.platform.startswith("linux") and platform.libc_ver()[0] == "glibc"
 
 
 def reuse_freed_memory() -> bool:
@@ -65,9 +65,9 @@ def reuse_freed_memory() -> bool:
     raise RuntimeError(
         "reuse_freed_memory() must run before JAX starts its backend (the "
         "first computation or jax.devices()); call it first in main()")
-  libc = _glibc()
-  if libc is None:
+  if not on_glibc():
     return False
+  libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
   for param, value, name in ((_M_ARENA_MAX, 1, "M_ARENA_MAX"),
                              (_M_MMAP_THRESHOLD, MMAP_THRESHOLD,
                               "M_MMAP_THRESHOLD"),

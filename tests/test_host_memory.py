@@ -5,7 +5,6 @@ precede JAX's CPU client)."""
 
 import json
 import os
-import platform
 import subprocess
 import sys
 
@@ -15,7 +14,7 @@ from sorjax import host_memory
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 glibc_only = pytest.mark.skipif(
-    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
+    not host_memory.on_glibc(),
     reason="glibc malloc settings (Linux with glibc only)")
 
 # A jitted step with a 128 MB temporary (tanh of the [8192, 4096] product,

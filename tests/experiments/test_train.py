@@ -2,7 +2,6 @@
 
 import json
 import os
-import platform
 import signal
 import subprocess
 import sys
@@ -14,6 +13,7 @@ import pytest
 
 import sorjax
 from experiments import train
+from sorjax import host_memory
 from sorjax.training.metrics import read_metrics
 from sorjax.training.tasks.common import ConfigError
 from tests.experiments import tiny_dyck
@@ -199,9 +199,8 @@ def test_trees_task_runs_a_keyword_experiment(tmp_path):
   assert all(v > 0 for k, v in grads[0].items() if k.startswith("grad_"))
 
 
-@pytest.mark.skipif(
-    not sys.platform.startswith("linux") or platform.libc_ver()[0] != "glibc",
-    reason="glibc malloc settings (Linux with glibc only)")
+@pytest.mark.skipif(not host_memory.on_glibc(),
+                    reason="glibc malloc settings (Linux with glibc only)")
 def test_host_malloc_reuse_trains_the_same_parameters(tmp_path):
   # --host_malloc=reuse changes where freed host buffers go, nothing else:
   # the run logs it and ends with bitwise the parameters of a default run.
