@@ -355,10 +355,11 @@ class Bench:
 
 
 def host_malloc_env(mode: str) -> dict:
-  """Every worker's extra environment for --host-malloc: "reuse" gives each
-  framework's process the glibc settings of `sorjax.host_memory` (freed
-  buffers stay in the process), through GLIBC_TUNABLES so that they hold
-  from the process's first allocation. The module is loaded from its file:
+  """Every worker's extra environment for --host-malloc: "reuse" and
+  "hugepages" give each framework's process the glibc settings of
+  `sorjax.host_memory` (freed buffers stay in the process; large buffers get
+  transparent huge pages), through GLIBC_TUNABLES so that they hold from
+  the process's first allocation. The module is loaded from its file:
   importing the sorjax package would import jax into the driver."""
   if mode == "default":
     return {}
@@ -366,9 +367,10 @@ def host_malloc_env(mode: str) -> dict:
       "_sorjax_host_memory", ROOT / "sorjax" / "host_memory.py")
   module = importlib.util.module_from_spec(spec)
   spec.loader.exec_module(module)
+  ours = {"reuse": module.TUNABLES,
+          "hugepages": module.HUGEPAGE_TUNABLES}[mode]
   tunables = os.environ.get("GLIBC_TUNABLES")
-  return {"GLIBC_TUNABLES": module.TUNABLES + (f":{tunables}" if tunables
-                                                else "")}
+  return {"GLIBC_TUNABLES": ours + (f":{tunables}" if tunables else "")}
 
 
 def torch_memory(spec: dict, timeout: float) -> int | None:
@@ -899,12 +901,14 @@ def parse_args(argv=None):
   ap.add_argument("--no-torch-memory", dest="torch_memory",
                   action="store_false",
                   help="skip the fresh-process torch memory measurements")
-  ap.add_argument("--host-malloc", choices=("default", "reuse"),
+  ap.add_argument("--host-malloc", choices=("default", "reuse", "hugepages"),
                   default="default",
-                  help="reuse: every worker (torch, flax and sorjax alike) "
-                       "keeps freed host buffers (sorjax.host_memory's glibc "
-                       "settings), so steps whose temporaries exceed 64 MB "
-                       "stop page-faulting them in; default: glibc as is")
+                  help="glibc settings of sorjax.host_memory for every worker "
+                       "(torch, flax and sorjax alike), for steps whose "
+                       "temporaries exceed 64 MB and page-fault them in on "
+                       "every call. reuse: keep freed host buffers; "
+                       "hugepages: map them with transparent huge pages; "
+                       "default: glibc as is")
   ap.add_argument("--out", default=None,
                   help="markdown report (default a new file "
                        "benchmarks/reports/<UTC time>-<profile>.md, so the "
@@ -965,8 +969,9 @@ def main(argv=None) -> int:
           f"ratios are medians of per-round ratios\n"
           + (f"- XLA_FLAGS: `{os.environ['XLA_FLAGS']}`\n"
              if os.environ.get("XLA_FLAGS") else "")
-          + (f"- host malloc: reuse in every worker (`GLIBC_TUNABLES="
-             f"{worker_env['GLIBC_TUNABLES']}`)\n" if worker_env else "")
+          + (f"- host malloc: {args.host_malloc} in every worker "
+             f"(`GLIBC_TUNABLES={worker_env['GLIBC_TUNABLES']}`)\n"
+             if worker_env else "")
           + f"- worker log: {log}")
   rep = Report()
   rep.add(head)

@@ -37,7 +37,8 @@ flags.DEFINE_integer("replicas", 3, "Seeds per run (config.num_replicas).")
 flags.DEFINE_string("figures", None, "Also copy the item's PNGs here, "
                     "prefixed with the item's name.")
 flags.DEFINE_bool("list", False, "List the items and exit.")
-flags.DEFINE_enum("host_malloc", "default", ("default", "reuse"),
+flags.DEFINE_enum("host_malloc", "default",
+                  ("default", "reuse", "hugepages"),
                   "As experiments.main's --host_malloc (sorjax.host_memory).")
 
 

@@ -54,7 +54,7 @@ def test_every_benchmarked_cell_has_a_flop_count():
     assert flops.train_flops(name, hp, specs.input_size(name, 8)) > 0
 
 
-def test_host_malloc_reuse_gives_every_worker_the_tunables(monkeypatch):
+def test_host_malloc_gives_every_worker_the_tunables(monkeypatch):
   from sorjax import host_memory
   monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
   assert run.host_malloc_env("default") == {}
@@ -63,6 +63,9 @@ def test_host_malloc_reuse_gives_every_worker_the_tunables(monkeypatch):
   assert run.host_malloc_env("reuse")["GLIBC_TUNABLES"] == (
       host_memory.TUNABLES + ":glibc.malloc.hugetlb=1")
   assert run.parse_args(["--host-malloc", "reuse"]).host_malloc == "reuse"
+  monkeypatch.delenv("GLIBC_TUNABLES")
+  assert run.host_malloc_env("hugepages") == {
+      "GLIBC_TUNABLES": host_memory.HUGEPAGE_TUNABLES}
 
 
 # ------------------------------------------------------------------ baselines

@@ -201,17 +201,21 @@ def test_trees_task_runs_a_keyword_experiment(tmp_path):
 
 @pytest.mark.skipif(not host_memory.on_glibc(),
                     reason="glibc malloc settings (Linux with glibc only)")
-def test_host_malloc_reuse_trains_the_same_parameters(tmp_path):
-  # --host_malloc=reuse changes where freed host buffers go, nothing else:
-  # the run logs it and ends with bitwise the parameters of a default run.
-  plain, reuse = tmp_path / "plain", tmp_path / "reuse"
-  subprocess.run(main_cmd(plain), cwd=ROOT, check=True, capture_output=True,
-                 timeout=600)
-  res = subprocess.run(main_cmd(reuse, "--host_malloc=reuse"), cwd=ROOT,
-                       check=True, capture_output=True, text=True,
-                       timeout=600)
-  assert "host_malloc: freed host buffers are reused" in res.stderr
-  a = sorjax.restore(str(plain), "latest")
-  b = sorjax.restore(str(reuse), "latest")
-  assert a.step == b.step
-  jax.tree_util.tree_map(np.testing.assert_array_equal, a.params, b.params)
+def test_host_malloc_modes_train_the_same_parameters(tmp_path):
+  # --host_malloc changes where host buffers come from, nothing else: each
+  # mode's run logs it (hugepages: after restarting itself with
+  # GLIBC_TUNABLES, where the kernel offers transparent huge pages) and
+  # ends with bitwise the parameters of a default run.
+  thp = host_memory.kernel_thp() in ("always", "madvise")
+  subprocess.run(main_cmd(tmp_path / "default"), cwd=ROOT, check=True,
+                 capture_output=True, timeout=600)
+  a = sorjax.restore(str(tmp_path / "default"), "latest")
+  for mode in ("reuse", "hugepages"):
+    res = subprocess.run(main_cmd(tmp_path / mode, f"--host_malloc={mode}"),
+                         cwd=ROOT, check=True, capture_output=True,
+                         text=True, timeout=600)
+    logged = f"host_malloc: {host_memory.APPLIED[mode]}" in res.stderr
+    assert logged == (mode == "reuse" or thp), res.stderr
+    b = sorjax.restore(str(tmp_path / mode), "latest")
+    assert a.step == b.step
+    jax.tree_util.tree_map(np.testing.assert_array_equal, a.params, b.params)
