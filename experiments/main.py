@@ -7,7 +7,6 @@ Rerunning the same command resumes from the work directory's latest
 checkpoint.
 """
 
-import logging as std_logging
 import sys
 
 from absl import app, flags, logging
@@ -33,16 +32,8 @@ flags.DEFINE_enum("host_malloc", "default", host_memory.MODES,
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-class _QuietLibraries(std_logging.Filter):
-  """Keeps orbax's per-save INFO chatter out of the progress log."""
-
-  def filter(self, record):
-    return record.levelno >= std_logging.WARNING or (
-        "orbax" not in record.pathname)
-
-
 def main(argv):
-  logging.get_absl_handler().addFilter(_QuietLibraries())
+  train.quiet_library_logs()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   if host_memory.configure(FLAGS.host_malloc):

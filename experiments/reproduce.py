@@ -750,6 +750,8 @@ def main(argv):
     raise app.UsageError("--workdir is required")
   from sorjax import host_memory
   host_memory.configure(FLAGS.host_malloc)
+  from experiments import train as trainer
+  trainer.quiet_library_logs()
   try:
     s = reproduce(argv[1], FLAGS.workdir, FLAGS.scale, FLAGS.replicas,
                   FLAGS.figures)

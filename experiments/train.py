@@ -3,6 +3,7 @@ write the figures the config asks for."""
 
 from __future__ import annotations
 
+import logging as std_logging
 import os
 
 from absl import logging
@@ -10,6 +11,19 @@ from absl import logging
 from sorjax.training.loop import Trainer
 from sorjax.training.tasks import make_task
 from sorjax.training.tasks.common import ConfigError
+
+
+class _QuietLibraries(std_logging.Filter):
+  """Keeps orbax's per-save INFO chatter out of the progress log."""
+
+  def filter(self, record):
+    return record.levelno >= std_logging.WARNING or (
+        "orbax" not in record.pathname)
+
+
+def quiet_library_logs() -> None:
+  """The launchers' log without orbax's INFO lines (warnings stay)."""
+  logging.get_absl_handler().addFilter(_QuietLibraries())
 
 
 def validate(config) -> None:
