@@ -749,7 +749,8 @@ def main(argv):
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required")
   from sorjax import host_memory
-  host_memory.configure(FLAGS.host_malloc)
+  if host_memory.configure(FLAGS.host_malloc):
+    logging.info("host_malloc: %s", host_memory.APPLIED[FLAGS.host_malloc])
   from experiments import train as trainer
   trainer.quiet_library_logs()
   try:
