@@ -33,11 +33,9 @@ flags.mark_flags_as_required(["config", "workdir"])
 
 
 def main(argv):
-  train.quiet_library_logs()
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  if host_memory.configure(FLAGS.host_malloc):
-    logging.info("host_malloc: %s", host_memory.APPLIED[FLAGS.host_malloc])
+  train.prepare_process(FLAGS.host_malloc)
   try:
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except ConfigError as e:

@@ -748,11 +748,8 @@ def main(argv):
                          "--list shows them)")
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required")
-  from sorjax import host_memory
-  if host_memory.configure(FLAGS.host_malloc):
-    logging.info("host_malloc: %s", host_memory.APPLIED[FLAGS.host_malloc])
   from experiments import train as trainer
-  trainer.quiet_library_logs()
+  trainer.prepare_process(FLAGS.host_malloc)
   try:
     s = reproduce(argv[1], FLAGS.workdir, FLAGS.scale, FLAGS.replicas,
                   FLAGS.figures)

@@ -8,6 +8,7 @@ import os
 
 from absl import logging
 
+from sorjax import host_memory
 from sorjax.training.loop import Trainer
 from sorjax.training.tasks import make_task
 from sorjax.training.tasks.common import ConfigError
@@ -21,9 +22,13 @@ class _QuietLibraries(std_logging.Filter):
         "orbax" not in record.pathname)
 
 
-def quiet_library_logs() -> None:
-  """The launchers' log without orbax's INFO lines (warnings stay)."""
+def prepare_process(host_malloc: str) -> None:
+  """What both launchers do first: their log without orbax's INFO lines
+  (warnings stay), then `--host_malloc` (`sorjax.host_memory.configure`,
+  which may restart the process), logged when it applies."""
   logging.get_absl_handler().addFilter(_QuietLibraries())
+  if host_memory.configure(host_malloc):
+    logging.info("host_malloc: %s", host_memory.APPLIED[host_malloc])
 
 
 def validate(config) -> None:

@@ -109,6 +109,12 @@ def kernel_thp(path: str = THP_SETTING) -> str | None:
   return m.group(1) if m else None
 
 
+def huge_pages_possible() -> bool:
+  """Whether `use_huge_pages()` can apply: glibc, and the kernel's
+  transparent huge pages on ("madvise" or "always")."""
+  return on_glibc() and kernel_thp() in ("always", "madvise")
+
+
 def huge_pages_active() -> bool:
   """Whether this process started with `HUGEPAGE_TUNABLES` in GLIBC_TUNABLES
   (glibc reads it at start-up only)."""
@@ -127,7 +133,7 @@ def use_huge_pages() -> bool:
     RuntimeError: the restarted process still lacks the tunable, or the
       interpreter's command line is unknown.
   """
-  if not on_glibc() or kernel_thp() not in ("always", "madvise"):
+  if not huge_pages_possible():
     return False
   if huge_pages_active():
     return True

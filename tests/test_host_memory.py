@@ -19,7 +19,7 @@ glibc_only = pytest.mark.skipif(
     reason="glibc malloc settings (Linux with glibc only)")
 THP = host_memory.kernel_thp()
 thp_only = pytest.mark.skipif(
-    not host_memory.on_glibc() or THP not in ("always", "madvise"),
+    not host_memory.huge_pages_possible(),
     reason=f"needs glibc and the kernel's transparent huge pages on "
            f"(madvise or always; {host_memory.THP_SETTING}: {THP})")
 

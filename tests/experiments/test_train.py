@@ -206,7 +206,7 @@ def test_host_malloc_modes_train_the_same_parameters(tmp_path):
   # mode's run logs it (hugepages: after restarting itself with
   # GLIBC_TUNABLES, where the kernel offers transparent huge pages) and
   # ends with bitwise the parameters of a default run.
-  thp = host_memory.kernel_thp() in ("always", "madvise")
+  thp = host_memory.huge_pages_possible()
   subprocess.run(main_cmd(tmp_path / "default"), cwd=ROOT, check=True,
                  capture_output=True, timeout=600)
   a = sorjax.restore(str(tmp_path / "default"), "latest")
