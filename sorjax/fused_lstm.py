@@ -93,25 +93,28 @@ def _unroll_factor(where: str, unroll, H: int, tr: bool) -> int:
   return int(unroll)
 
 
-def _scan_ahead(where, body, carry, buf, xs, reverse, unroll, axis=0):
+def _scan_ahead(where, body, carry, buf, xs, reverse, unroll, axis=0,
+                xs_axis=0):
   """The loop of `scan_prefetch` (buf None) and `scan_overwrite`: step t
-  gets buf[t] (indexed along `axis`) and x_t in its carry, sliced by step
-  t - 1 (t + 1 when reverse), and body's w_t is written over buf[t].
+  gets buf[t] (indexed along `axis`) and x_t (along `xs_axis`) in its
+  carry, sliced by step t - 1 (t + 1 when reverse), and body's w_t is
+  written over buf[t].
   With unroll u > 1 the loop steps through chunks of u steps: one slice of
   u steps ahead, u bodies, one write of u steps (`_chunked`)."""
   tmap = jax.tree_util.tree_map
   lens = ([a.shape[axis] for a in jax.tree_util.tree_leaves(buf)]
-          + [a.shape[0] for a in jax.tree_util.tree_leaves(xs)])
+          + [a.shape[xs_axis] for a in jax.tree_util.tree_leaves(xs)])
   if not lens:
     raise ValueError(f"{where}: buf and xs hold no arrays to scan over")
   if len(set(lens)) != 1:
     raise ValueError(f"{where}: buf (along axis {axis}) and xs (along axis "
-                     f"0) must have one length, got {lens}")
+                     f"{xs_axis}) must have one length, got {lens}")
   n = lens[0]
   if n == 0:  # as lax.scan: the carry unchanged, empty ys of body's shapes
     step = (tmap(lambda a: jax.ShapeDtypeStruct(
         a.shape[:axis] + a.shape[axis + 1:], a.dtype), buf),
-            tmap(lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype), xs))
+            tmap(lambda a: jax.ShapeDtypeStruct(
+                a.shape[:xs_axis] + a.shape[xs_axis + 1:], a.dtype), xs))
     y = jax.eval_shape(lambda c, bx: body(c, *bx)[1], carry, step)
     return carry, tmap(lambda s: jnp.zeros((0, *s.shape), s.dtype), y), buf
   if unroll < 1:
@@ -121,7 +124,8 @@ def _scan_ahead(where, body, carry, buf, xs, reverse, unroll, axis=0):
   parts = [(0, n - r, u), (n - r, n, 1)] if r else [(0, n, u)]
   ys = []
   for lo, hi, k in (parts[::-1] if reverse else parts):
-    carry, y, buf = _chunked(body, carry, buf, xs, reverse, k, axis, lo, hi)
+    carry, y, buf = _chunked(body, carry, buf, xs, reverse, k, axis, xs_axis,
+                             lo, hi)
     ys.append(y)
   ys = ys[::-1] if reverse else ys
   if len(ys) == 1:
@@ -129,7 +133,7 @@ def _scan_ahead(where, body, carry, buf, xs, reverse, unroll, axis=0):
   return carry, tmap(lambda *a: jnp.concatenate(a), *ys), buf
 
 
-def _chunked(body, carry, buf, xs, reverse, u, axis, lo, hi):
+def _chunked(body, carry, buf, xs, reverse, u, axis, xs_axis, lo, hi):
   """Steps lo .. hi - 1 (hi - lo a multiple of u) in chunks of u steps.
 
   Each chunk of buf and xs reaches the loop iteration through its carry,
@@ -159,16 +163,16 @@ def _chunked(body, carry, buf, xs, reverse, u, axis, lo, hi):
       for j in (range(u - 1, -1, -1) if reverse else range(u)):
         c, ys[j], ws[j] = body(
             c, tmap(lambda a: jax.lax.index_in_dim(a, j, axis, False), b_k),
-            tmap(lambda a: a[j], x_k))
+            tmap(lambda a: jax.lax.index_in_dim(a, j, xs_axis, False), x_k))
       y = tmap(lambda *y_: jnp.stack(y_), *ys)
       b = tmap(lambda b_, *w_: jax.lax.dynamic_update_slice_in_dim(
           b_, jnp.stack(w_, axis).astype(b_.dtype), lo + k * u, axis), b, *ws)
     nxt = jnp.clip(k - 1 if reverse else k + 1, 0, m - 1)
-    return (c, chunk(b, nxt, axis), chunk(xs, nxt, 0), b), y
+    return (c, chunk(b, nxt, axis), chunk(xs, nxt, xs_axis), b), y
 
   k0 = m - 1 if reverse else 0
   (carry, _, _, buf), ys = jax.lax.scan(
-      wrapped, (carry, chunk(buf, k0, axis), chunk(xs, k0, 0), buf),
+      wrapped, (carry, chunk(buf, k0, axis), chunk(xs, k0, xs_axis), buf),
       jnp.arange(m, dtype=jnp.int32), reverse=reverse)
   if u > 1:
     ys = tmap(lambda a: a.reshape(m * u, *a.shape[2:]), ys)
@@ -191,11 +195,13 @@ def scan_prefetch(body: Callable, carry: Any, xs: Any, reverse: bool = False,
 
 
 def scan_overwrite(body: Callable, carry: Any, buf: Any, xs: Any,
-                   reverse: bool = False, unroll: int = 1, axis: int = 0):
+                   reverse: bool = False, unroll: int = 1, axis: int = 0,
+                   xs_axis: int = 0):
   """A scan that consumes buf[t] and writes a result of the same shape over
   it: body(carry, buf[t], x_t) -> (carry, y_t, w_t), and buf[t] = w_t after
   step t (module doc). buf is an array or a pytree of arrays (w_t has its
-  structure), stepped along `axis` (xs, which may be None, along axis 0).
+  structure), stepped along `axis`; xs, which may be None, along
+  `xs_axis`. The ys are stacked along axis 0.
   Returns (carry, ys, buf with every w_t). Like `scan_prefetch`, buf[t] and
   x_t reach step t sliced one step ahead.
 
@@ -206,7 +212,7 @@ def scan_overwrite(body: Callable, carry: Any, buf: Any, xs: Any,
   n % u steps left run one per iteration.
   """
   return _scan_ahead("scan_overwrite", body, carry, buf, xs, reverse, unroll,
-                     axis)
+                     axis, xs_axis)
 
 
 def _activation_consts(H: int, forget_bias: float, dtype, tr: bool):

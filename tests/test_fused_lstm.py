@@ -258,6 +258,33 @@ def test_scan_overwrite_along_an_inner_axis(reverse):
 
 
 @pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("unroll", [1, 3])
+def test_scan_overwrite_steps_xs_along_xs_axis(reverse, unroll):
+  """xs_axis=1: x_t = xs[:, t] (and buf along axis=1): the same as the
+  scan of both moved to axis 0; ys stay stacked along axis 0."""
+  n = 7
+  buf = jnp.arange(2.0 * n * 3).reshape(2, n, 3) / 5
+  xs = jnp.cos(jnp.arange(4.0 * n).reshape(4, n))
+
+  def body(c, b, x):
+    c = 0.5 * c + b * x[:2, None]
+    return c, x, jnp.sin(b) + c
+
+  rc, ry, rw = scan_overwrite(body, jnp.ones((2, 3)), jnp.moveaxis(buf, 1, 0),
+                              xs.T, reverse=reverse, unroll=unroll)
+  c, ys, w = jax.jit(lambda b, x: scan_overwrite(
+      body, jnp.ones((2, 3)), b, x, reverse=reverse, unroll=unroll, axis=1,
+      xs_axis=1))(buf, xs)
+  np.testing.assert_allclose(c, rc, rtol=1e-6)
+  np.testing.assert_allclose(ys, ry, rtol=1e-6)
+  assert ys.shape == (n, 4)
+  np.testing.assert_allclose(w, jnp.moveaxis(rw, 0, 1), rtol=1e-6)
+  with pytest.raises(ValueError, match=r"xs \(along axis 1\) must have one "
+                     r"length, got \[7, 6\]"):
+    scan_overwrite(body, jnp.ones((2, 3)), buf, xs[:, :6], axis=1, xs_axis=1)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
 @pytest.mark.parametrize("n,unroll", [(8, 4), (7, 3), (7, 2), (5, 9), (1, 3),
                                       (6, 6)])
 @pytest.mark.parametrize("axis", [0, 1])

@@ -312,6 +312,13 @@ def test_backward_forms_dW_in_one_matmul_not_per_step(key):
   assert _scan_bodies(fused, reverse=True), "no backward scan found"
   assert not per_step_dW(fused)
   assert per_step_dW(plain), "the check must see autodiff's accumulator"
+  if key == "mm_rnn":
+    # fused_mm_rnn: dW[k] = sum_t h_{t-1}^T (v_t[k] dpre_t) over all T*B
+    # rows, one dot_general per choice matrix outside every scan.
+    each = ((T * B, H), (T * B, H), (H, H))
+    K = cell.num_matrices
+    assert _dots(fused).count(each) == K and each not in _dots(plain)
+    return
   # dW = r^T dz over all T*B rows: one dot_general outside every scan
   # (r [T*B, H] by dz [T*B, 4H] for lstm's fused_lstm layer).
   one = ((T * B, H), (T * B, W.shape[1]), W.shape)
