@@ -1,36 +1,44 @@
-"""The mmRNN recurrence as one primitive with a hand-written VJP.
+"""The multi-matrix cells' recurrences (mm_rnn, mm_lstm) as primitives with
+hand-written VJPs.
 
-    z_t   = h_{t-1} [W[1] | .. | W[K] | P_h]                (one matmul)
-    v_t   = softmax(v_{t-1} P_v + z_t's last K + vx_t)      # eq. 6
-    pre_t = sum_k v_t[k] (h_{t-1} W[k]) + hx_t              # eq. 7-8
-    h_t   = tanh(pre_t)
+Both mix, per group n of choice matrices (mm_rnn: one group; mm_lstm: one
+per gate c, i, f, o), the products of h_{t-1} with K_n matrices W_n[k] by a
+key vector v_n:
 
-(`sorjax.cells.mm_rnn`; hx_t = x_t W_hx + b and vx_t = x_t P_x are its
-hoisted `precompute`.) `sorjax.unroll` runs it for an `mm_rnn` cell on the
-batched-weight-gradient path. What it saves over that generic path
-(`unroll._fused_scan`, which keeps z_t for the backward and writes dz_t over
-it):
+    z_t     = h_{t-1} [W_1[1] | .. | W_N[K_N] | P_h]          (one matmul)
+    v_n,t   = softmax(v_n,t-1 P_v,n + z_t's logits of n + vx_n,t)  # eq. 6 / 9-15
+    pre_n,t = sum_k v_n,t[k] (h_{t-1} W_n[k])                 # eq. 7 / 10-16
 
-- No [T, B, K*H + K] stack of z_t. The backward needs z_t only for the
-  gradient of the mixture weights, dL/dv_t[k] = (h_{t-1} W[k]) . dpre_t.
-  That is h_{t-1} . (dpre_t W[k]^T), and G_t = dpre_t [W[1]^T | .. |
-  W[K]^T] is the matmul the backward does anyway (dh_{t-1} = sum_k v_t[k]
-  G_t[k] + dlogits_t P_h^T), so the dot products come from it and h_{t-1}.
-  After the loop, dW[k] = sum_t h_{t-1}^T (v_t[k] dpre_t): K matmuls over
-  all T*B rows, the same FLOPs as the generic dW = sum_t h_{t-1}^T dz_t.
-- No fresh buffers in either loop: the forward writes (h_t, v_t) over
-  (hx_t, vx_t), the backward writes (dpre_t, dlogits_t) -- the cotangents
-  of (hx_t, vx_t) -- over them (`fused_lstm.scan_overwrite`).
-- Batch-major throughout: the loops step along axis 1 of [B, T, ...], so
-  neither x, nor ys, nor their cotangents are transposed to time-major.
+then mm_rnn: h_t = tanh(pre_t + hx_t) (eq. 8); mm_lstm: the LSTM update of
+the gates pre_n,t + gx_n,t (eq. 17-22). (`sorjax.cells.mm_rnn`,
+`sorjax.cells.mm_lstm`; hx / gx and vx are their hoisted `precompute`.)
+`sorjax.unroll` runs these on the batched-weight-gradient path. What they
+save over that generic path (`unroll._fused_scan`, which keeps z_t for the
+backward and writes dz_t over it):
 
-Against that generic path (forward + backward, two threads, six
-alternating timings each): 1.10-1.14x at B=32 T=100 H=256, 0.97-1.03x at
-B=64 T=100 H=512, 0.96-1.00x at B=32 T=200 H=1024, with 0.81-0.84x its
-temporary memory at all three (BUILD_NOTES, "mm_rnn's own VJP").
+- No [T, B, sum_n K_n H + sum_n K_n] stack of z_t. The backward needs z_t
+  only for the gradient of the key vectors, dL/dv_n,t[k] =
+  (h_{t-1} W_n[k]) . dpre_n,t. That is h_{t-1} . (dpre_n,t W_n[k]^T), and
+  G_n,t = dpre_n,t [W_n[1]^T | .. | W_n[K_n]^T] is the product the backward
+  needs anyway (dh_{t-1} = sum_n sum_k v_n,t[k] G_n,t[k] + dlogits_t P_h^T,
+  the FLOPs of the generic dz_t W^T), so the dot products come from it and
+  h_{t-1}. After the loop dW_n[k] = sum_t h_{t-1}^T (v_n,t[k] dpre_n,t):
+  sum_n K_n matmuls over all T*B rows, the FLOPs of the generic
+  dW = sum_t h_{t-1}^T dz_t.
+- The loops overwrite the batch-major precompute buffers instead of
+  stacking fresh ones (`fused_lstm.scan_overwrite` along axis 1). mm_rnn's
+  forward writes (h_t, v_t) over (hx_t, vx_t); mm_lstm's writes its gate
+  activations and v_t over (gx_t, vx_t) and stacks h_t and c_{t-1}. The
+  backwards write (dpre_t, dlogits_t), the cotangents of those inputs,
+  over the same buffers.
 
-Forward-mode autodiff (jvp, jacfwd) is not defined through this primitive
-(a `jax.custom_vjp`); reverse mode, vmap and jit are.
+Measured against the generic path (forward + backward, two threads,
+alternating timings; BUILD_NOTES, "The multi-matrix cells' own VJPs"):
+mm_rnn 1.10-1.14x at B=32 T=100 H=256, the same speed at H = 512 and 1024,
+0.81-0.84x the temporary memory.
+
+Forward-mode autodiff (jvp, jacfwd) is not defined through these primitives
+(`jax.custom_vjp`); reverse mode, vmap and jit are.
 """
 
 from __future__ import annotations
@@ -41,25 +49,117 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from sorjax.cells.mm_lstm import MMLSTMCarry, MMLSTMInputs
 from sorjax.cells.mm_rnn import MMRNNCarry, MMRNNInputs, fused_recurrent, mix
 from sorjax.fused_lstm import check_unroll, scan_overwrite
 
 Array = jax.Array
 
 
-def _forward(unroll, W, P_h, P_v, hx, vx, mask, h0, v0):
-  """The forward loop over axis 1 of hx [B, T, H], vx [B, T, K] (and of
-  mask [B, T, 1]); returns the final (h, v) and (ys, vs): y_t (0 on padded
+# --------------------------------------------------------- the mixture, shared
+
+def _offsets(Ks):
+  out, o = [], 0
+  for K in Ks:
+    out.append(o)
+    o += K
+  return out
+
+
+def _mix_forward(Ws, P_vs, Wc, h, v, vx_t):
+  """z = h Wc, then every group's keys (eq. 6 / 9-15) and mixture (eq. 7 /
+  10-16). Returns (pre [B, N*H], v_new [B, sum K])."""
+  H = h.shape[-1]
+  Ks = [W.shape[0] for W in Ws]
+  z = h @ Wc
+  KH = sum(Ks) * H
+  pre, vs, oW = [], [], 0
+  for W, P_v, K, o in zip(Ws, P_vs, Ks, _offsets(Ks)):
+    logits = v[:, o:o + K] @ P_v + z[:, KH + o:KH + o + K] + vx_t[:, o:o + K]
+    vs.append(jax.nn.softmax(logits, axis=-1))
+    pre.append(mix(vs[-1], z[:, oW:oW + K * H]))
+    oW += K * H
+  return jnp.concatenate(pre, -1), jnp.concatenate(vs, -1)
+
+
+def _transposed(Ws):
+  """[W_n[1]^T | .. | W_n[K_n]^T] [H, K_n*H] per group, once per call: a
+  per-step dot on a transposed operand is slower on CPU."""
+  return [jnp.transpose(W, (2, 0, 1)).reshape(W.shape[2], -1) for W in Ws]
+
+
+def _mix_backward(Wts, P_hT, P_vTs, Ks, dpre, h_prev, v, dv):
+  """The mixture's VJP from dpre [B, N*H]: returns (dL/dh_{t-1} through the
+  mixture and the keys, dL/dv_{t-1} [B, sum K], dlogits_t [B, sum K])."""
+  B, H = h_prev.shape
+  dh_prev, dlogs, dv_prev = 0, [], []
+  for n, (Wt, P_vT, K, o) in enumerate(zip(Wts, P_vTs, Ks, _offsets(Ks))):
+    G = (dpre[:, n * H:(n + 1) * H] @ Wt).reshape(B, K, H)  # dpre_n W_n[k]^T
+    v_n = v[:, o:o + K]
+    # Batched dots: as multiply-sums XLA:CPU made them YNNPACK reductions
+    # of ~65 us a step at B=64 H=512, against ~7 us.
+    dv_n = jnp.einsum("bkh,bh->bk", G, h_prev) + dv[:, o:o + K]
+    dlog = v_n * (dv_n - jnp.sum(v_n * dv_n, axis=-1, keepdims=True))
+    dh_prev = dh_prev + jnp.einsum("bk,bkh->bh", v_n, G)
+    dlogs.append(dlog)
+    dv_prev.append(dlog @ P_vT)
+  dlog = jnp.concatenate(dlogs, -1)
+  return (dh_prev + dlog @ P_hT, jnp.concatenate(dv_prev, -1), dlog)
+
+
+def _sums(Ws, hp, vs, vp, dpre, dlog):
+  """dW_n[k] = sum_t h_{t-1}^T (v_n,t[k] dpre_n,t) (sum_n K_n matmuls),
+  dP_h = sum_t h_{t-1}^T dlogits_t and dP_v,n = sum_t v_n,t-1^T
+  dlogits_n,t, over all T*B rows of [B, T, .] arrays, accumulated in at
+  least float32."""
+  dtype = Ws[0].dtype
+  acc = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
+  rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
+  wsum = lambda a, d: jnp.einsum(  # noqa: E731
+      "rh,rn->hn", a, d, preferred_element_type=acc).astype(dtype)
+  H = hp.shape[-1]
+  hr, vr, vpr, dr, dl = rows(hp), rows(vs), rows(vp), rows(dpre), rows(dlog)
+  Ks = [W.shape[0] for W in Ws]
+  dWs, dP_vs = [], []
+  for n, (K, o) in enumerate(zip(Ks, _offsets(Ks))):
+    d_n = dr[:, n * H:(n + 1) * H]
+    dWs.append(jnp.stack([wsum(hr, d_n * vr[:, o + k:o + k + 1])
+                          for k in range(K)]))
+    dP_vs.append(wsum(vpr[:, o:o + K], dl[:, o:o + K]))
+  return tuple(dWs), wsum(hr, dl), tuple(dP_vs)
+
+
+def _previous(first, seq):
+  """[first, seq[:, 0], .., seq[:, T-2]] along axis 1: the value before each
+  step. y_t is the carry h_t on valid steps, and valid steps form a prefix,
+  so every step that uses h_{t-1} (dpre_t != 0) finds it in ys."""
+  return jnp.concatenate([first[:, None], seq[:, :-1]], axis=1)
+
+
+def _mask(where, lengths, B, T):
+  if lengths is None:
+    return None
+  lengths = jnp.asarray(lengths)
+  if lengths.shape != (B,):
+    raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
+                     f"{lengths.shape}")
+  return (jnp.arange(T, dtype=jnp.int32)[None, :]
+          < lengths.astype(jnp.int32)[:, None])[:, :, None]      # [B, T, 1]
+
+
+# ------------------------------------------------------------------- mm_rnn
+
+def _rnn_forward(unroll, Ws, P_h, P_vs, hx, vx, mask, h0, v0):
+  """The loop over axis 1 of hx [B, T, H], vx [B, T, K] (and mask
+  [B, T, 1]); returns the final (h, v) and (ys, vs): y_t (0 on padded
   steps) and v_t (the carried v there) written over hx and vx."""
-  K, H, _ = W.shape
-  Wc = fused_recurrent([W], [P_h])                          # [H, K*H + K]
+  Wc = fused_recurrent(Ws, [P_h])
 
   def body(carry, b, m):
     h, v = carry
     hx_t, vx_t = b
-    z = h @ Wc
-    v_new = jax.nn.softmax(v @ P_v + z[:, K * H:] + vx_t)   # eq. 6
-    h_new = jnp.tanh(mix(v_new, z[:, :K * H]) + hx_t)       # eq. 7-8
+    pre, v_new = _mix_forward(Ws, P_vs, Wc, h, v, vx_t)
+    h_new = jnp.tanh(pre + hx_t)                             # eq. 8
     if m is None:
       return (h_new, v_new), None, (h_new, v_new)
     h_new, v_new = jnp.where(m, h_new, h), jnp.where(m, v_new, v)
@@ -71,44 +171,32 @@ def _forward(unroll, W, P_h, P_v, hx, vx, mask, h0, v0):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
-def _layer(unroll, W, P_h, P_v, hx, vx, mask, h0, v0):
-  final, ys, _ = _forward(unroll, W, P_h, P_v, hx, vx, mask, h0, v0)
+def _rnn_layer(unroll, Ws, P_h, P_vs, hx, vx, mask, h0, v0):
+  final, ys, _ = _rnn_forward(unroll, Ws, P_h, P_vs, hx, vx, mask, h0, v0)
   return final, ys
 
 
-def _layer_fwd(unroll, W, P_h, P_v, hx, vx, mask, h0, v0):
-  final, ys, vs = _forward(unroll, W, P_h, P_v, hx, vx, mask, h0, v0)
-  return (final, ys), (W, P_h, P_v, mask, h0, v0, ys, vs)
+def _rnn_layer_fwd(unroll, Ws, P_h, P_vs, hx, vx, mask, h0, v0):
+  final, ys, vs = _rnn_forward(unroll, Ws, P_h, P_vs, hx, vx, mask, h0, v0)
+  return (final, ys), (Ws, P_h, P_vs, mask, h0, v0, ys, vs)
 
 
-def _layer_bwd(unroll, res, cot):
-  W, P_h, P_v, mask, h0, v0, ys, vs = res
+def _rnn_layer_bwd(unroll, res, cot):
+  Ws, P_h, P_vs, mask, h0, v0, ys, vs = res
   (dh_T, dv_T), dys = cot
-  K, H, _ = W.shape
-  B = ys.shape[0]
-  # [W[1]^T | .. | W[K]^T] once: a per-step dot on a transposed operand is
-  # slower on CPU.
-  Wt = jnp.transpose(W, (2, 0, 1)).reshape(H, K * H)
-  P_hT, P_vT = P_h.T, P_v.T
-  # h_{t-1} and v_{t-1}: y_t is the carry h_t on valid steps, and valid steps
-  # form a prefix, so every step that uses h_{t-1} (dpre_t != 0) finds it.
-  hp = jnp.concatenate([h0[:, None], ys[:, :-1]], axis=1)
-  vp = jnp.concatenate([v0[:, None], vs[:, :-1]], axis=1)
+  Ks = [W.shape[0] for W in Ws]
+  Wts, P_hT, P_vTs = _transposed(Ws), P_h.T, [P.T for P in P_vs]
+  hp = _previous(h0, ys)
 
-  def body(carry, b, inp):  # b = (y_t, v_t), overwritten with (dpre_t, dlog_t)
+  def body(carry, b, inp):  # b = (y_t, v_t), overwritten with (dpre, dlog)
     dh, dv = carry
     h, v = b
     h_prev, dy, m = inp if mask is not None else (*inp, None)
-    dpre = (dy + dh) * (1 - h * h)                          # through tanh
+    dpre = (dy + dh) * (1 - h * h)                           # through tanh
     if m is not None:  # a padded step passed its carry through
       dpre = jnp.where(m, dpre, 0)
-    G = (dpre @ Wt).reshape(B, K, H)                        # dpre W[k]^T
-    # As batched dots: as multiply-sums XLA:CPU made them YNNPACK reductions
-    # of ~65 us a step at B=64 H=512, against ~7 us.
-    dv_t = jnp.einsum("bkh,bh->bk", G, h_prev) + dv         # dL/dv_t
-    dlog = v * (dv_t - jnp.sum(v * dv_t, axis=-1, keepdims=True))  # softmax
-    dh_prev = jnp.einsum("bk,bkh->bh", v, G) + dlog @ P_hT
-    dv_prev = dlog @ P_vT
+    dh_prev, dv_prev, dlog = _mix_backward(Wts, P_hT, P_vTs, Ks, dpre,
+                                           h_prev, v, dv)
     if m is not None:
       dlog = jnp.where(m, dlog, 0)
       dh_prev = jnp.where(m, dh_prev, dh)
@@ -119,19 +207,134 @@ def _layer_bwd(unroll, res, cot):
   (dh0, dv0), _, (dpre, dlog) = scan_overwrite(
       body, (dh_T, dv_T), (ys, vs), inputs, reverse=True, unroll=unroll,
       axis=1, xs_axis=1)
-  # Sums over all T*B rows, accumulated in at least float32.
-  acc = W.dtype if jnp.finfo(W.dtype).bits >= 32 else jnp.float32
-  rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-  wsum = lambda a, d: jnp.einsum(  # noqa: E731
-      "rh,rn->hn", rows(a), d, preferred_element_type=acc).astype(W.dtype)
-  dP = rows(dlog)
-  v_rows, d_rows = rows(vs), rows(dpre)
-  dW = jnp.stack([wsum(hp, d_rows * v_rows[:, k:k + 1])      # sum_t h_{t-1}^T
-                  for k in range(K)])                        # (v_t[k] dpre_t)
-  return (dW, wsum(hp, dP), wsum(vp, dP), dpre, dlog, None, dh0, dv0)
+  dWs, dP_h, dP_vs = _sums(Ws, hp, vs, _previous(v0, vs), dpre, dlog)
+  return dWs, dP_h, dP_vs, dpre, dlog, None, dh0, dv0
 
 
-_layer.defvjp(_layer_fwd, _layer_bwd)
+_rnn_layer.defvjp(_rnn_layer_fwd, _rnn_layer_bwd)
+
+
+# ------------------------------------------------------------------ mm_lstm
+
+def _lstm_forward(unroll, Ws, P_h, P_vs, gx, vx, mask, h0, c0, v0):
+  """The loop over axis 1 of gx [B, T, 4H], vx [B, T, sum K] (and mask);
+  returns the final (h, c, v), ys and c_{t-1} ([T, B, H], stacked), and
+  the activations A_t = [c^_t, i_t, f_t, o_t] and v_t written over gx, vx."""
+  Wc = fused_recurrent(Ws, [P_h])
+  H = h0.shape[-1]
+
+  def body(carry, b, m):
+    h, c, v = carry
+    gx_t, vx_t = b
+    pre, v_new = _mix_forward(Ws, P_vs, Wc, h, v, vx_t)
+    a = pre + gx_t                                           # gates c, i, f, o
+    A = jnp.concatenate([jnp.tanh(a[:, :H]),                 # eq. 20
+                         jax.nn.sigmoid(a[:, H:])], -1)      # eq. 17-19
+    c_hat, i, f, o = (A[:, k * H:(k + 1) * H] for k in range(4))
+    c_new = f * c + i * c_hat                                # eq. 21
+    h_new = o * jnp.tanh(c_new)                              # eq. 22
+    if m is None:
+      return (h_new, c_new, v_new), (h_new, c), (A, v_new)
+    h_new, c_new = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
+    v_new = jnp.where(m, v_new, v)
+    return (h_new, c_new, v_new), (jnp.where(m, h_new, 0), c), (A, v_new)
+
+  final, (ys, cs), (As, vs) = scan_overwrite(
+      body, (h0, c0, v0), (gx, vx), mask, unroll=unroll, axis=1, xs_axis=1)
+  return final, jnp.swapaxes(ys, 0, 1), cs, As, vs
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0,))
+def _lstm_layer(unroll, Ws, P_h, P_vs, gx, vx, mask, h0, c0, v0):
+  final, ys, _, _, _ = _lstm_forward(unroll, Ws, P_h, P_vs, gx, vx, mask,
+                                     h0, c0, v0)
+  return final, ys
+
+
+def _lstm_layer_fwd(unroll, Ws, P_h, P_vs, gx, vx, mask, h0, c0, v0):
+  final, ys, cs, As, vs = _lstm_forward(unroll, Ws, P_h, P_vs, gx, vx, mask,
+                                        h0, c0, v0)
+  return (final, ys), (Ws, P_h, P_vs, mask, h0, v0, ys, cs, As, vs)
+
+
+def _lstm_layer_bwd(unroll, res, cot):
+  Ws, P_h, P_vs, mask, h0, v0, ys, cs, As, vs = res
+  (dh_T, dc_T, dv_T), dys = cot
+  H = h0.shape[-1]
+  Ks = [W.shape[0] for W in Ws]
+  Wts, P_hT, P_vTs = _transposed(Ws), P_h.T, [P.T for P in P_vs]
+  hp = _previous(h0, ys)
+
+  def body(carry, b, inp):  # b = (A_t, v_t), overwritten with (dpre, dlog)
+    dh, dc, dv = carry
+    A, v = b
+    h_prev, c_prev, dy, m = inp if mask is not None else (*inp, None)
+    c_hat, i, f, o = (A[:, k * H:(k + 1) * H] for k in range(4))
+    tc = jnp.tanh(f * c_prev + i * c_hat)                    # tanh(c_t)
+    dh_t, dc_t = dy + dh, dc
+    if m is not None:  # a padded step passed its carry through
+      dh_t, dc_t = jnp.where(m, dh_t, 0), jnp.where(m, dc_t, 0)
+    dct = dc_t + dh_t * o * (1 - tc * tc)                    # dL/dc_t, total
+    dpre = jnp.concatenate([dct * i * (1 - c_hat * c_hat),
+                            dct * c_hat * i * (1 - i),
+                            dct * c_prev * f * (1 - f),
+                            dh_t * tc * o * (1 - o)], -1)
+    dh_prev, dv_prev, dlog = _mix_backward(Wts, P_hT, P_vTs, Ks, dpre,
+                                           h_prev, v, dv)
+    dc_prev = dct * f
+    if m is not None:
+      dlog = jnp.where(m, dlog, 0)
+      dh_prev = jnp.where(m, dh_prev, dh)
+      dc_prev = jnp.where(m, dc_prev, dc)
+      dv_prev = jnp.where(m, dv_prev, dv)
+    return (dh_prev, dc_prev, dv_prev), None, (dpre, dlog)
+
+  cs = jnp.swapaxes(cs, 0, 1)  # batch-major like the other inputs
+  inputs = (hp, cs, dys) if mask is None else (hp, cs, dys, mask)
+  (dh0, dc0, dv0), _, (dpre, dlog) = scan_overwrite(
+      body, (dh_T, dc_T, dv_T), (As, vs), inputs, reverse=True,
+      unroll=unroll, axis=1, xs_axis=1)
+  dWs, dP_h, dP_vs = _sums(Ws, hp, vs, _previous(v0, vs), dpre, dlog)
+  return dWs, dP_h, dP_vs, dpre, dlog, None, dh0, dc0, dv0
+
+
+_lstm_layer.defvjp(_lstm_layer_fwd, _lstm_layer_bwd)
+
+
+# ------------------------------------------------------------------ the API
+
+def _check(where, Ws, P_h, P_vs, xs, n_x, carry_h, carry_vs):
+  """Shapes of the common arguments; returns (B, T, H, Ks)."""
+  for n, W in enumerate(Ws):
+    if W.ndim != 3 or W.shape[1] != W.shape[2] or (
+        W.shape[1] != Ws[0].shape[1]):
+      raise ValueError(f"{where}: every W must be [K, H, H] with one H; W "
+                       f"{n} is {W.shape}")
+  Ks = tuple(W.shape[0] for W in Ws)
+  H, Kt = Ws[0].shape[1], sum(Ks)
+  if P_h.shape != (H, Kt):
+    raise ValueError(f"{where}: P_h must be [H, sum K] = [{H}, {Kt}], got "
+                     f"{P_h.shape}")
+  for n, (P, K) in enumerate(zip(P_vs, Ks)):
+    if P.shape != (K, K):
+      raise ValueError(f"{where}: P_v {n} must be [K, K] = [{K}, {K}], got "
+                       f"{P.shape}")
+  gx, vx = xs
+  if gx.ndim != 3 or gx.shape[2] != n_x * H:
+    raise ValueError(f"{where}: xp's input terms must be [B, T, {n_x * H}] "
+                     f"({n_x} x H, H = {H}), got {gx.shape}")
+  B, T = gx.shape[:2]
+  if vx.shape != (B, T, Kt):
+    raise ValueError(f"{where}: xp.vx must be [B, T, sum K] = [{B}, {T}, "
+                     f"{Kt}], got {vx.shape}")
+  if carry_h.shape != (B, H) or any(v.shape != (B, K)
+                                    for v, K in zip(carry_vs, Ks)):
+    raise ValueError(f"{where}: carry must hold h [B, H] = [{B}, {H}] and "
+                     f"keys [B, K] for K in {Ks}; got h {carry_h.shape}, "
+                     f"keys {[v.shape for v in carry_vs]}")
+  if T == 0:
+    raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
+  return B, T, H, Ks
 
 
 class MMRNNArgs(NamedTuple):
@@ -141,15 +344,38 @@ class MMRNNArgs(NamedTuple):
   P_v: Array  # [K, K], W_proj's v rows
 
 
-def mm_rnn_args(cell, params) -> MMRNNArgs | None:
-  """`MMRNNArgs` of an `mm_rnn` cell (its precompute gives the layer's xp);
-  None for every other cell."""
+class MMLSTMArgs(NamedTuple):
+  """What `mm_lstm_layer` needs from an `mm_lstm` cell's params (gates c,
+  i, f, o)."""
+  Ws: tuple     # W_g [K_g, H, H]
+  P_h: Array    # [H, sum K_g], every W_g_proj's h rows side by side
+  P_vs: tuple   # W_g_proj's v rows [K_g, K_g]
+
+
+def layer_args(cell, params) -> MMRNNArgs | MMLSTMArgs | None:
+  """The layer arguments of an `mm_rnn` or `mm_lstm` cell (its precompute
+  gives the layer's xp); None for every other cell."""
+  from sorjax.cells.mm_lstm import GATES, MMLSTM
   from sorjax.cells.mm_rnn import MMRNN
-  if type(cell) is not MMRNN:
-    return None
-  H, K = cell.hidden_size, cell.num_matrices
-  P = params["W_proj"]
-  return MMRNNArgs(params["W"], P[K:K + H], P[:K])
+  H = cell.hidden_size
+  if type(cell) is MMRNN:
+    K = cell.num_matrices
+    P = params["W_proj"]
+    return MMRNNArgs(params["W"], P[K:K + H], P[:K])
+  if type(cell) is MMLSTM:
+    Ks = cell.num_matrices
+    Ps = [params[f"W_{g}_proj"] for g in GATES]
+    return MMLSTMArgs(tuple(params[f"W_{g}"] for g in GATES),
+                      jnp.concatenate([P[K:K + H] for P, K in zip(Ps, Ks)],
+                                      axis=1),
+                      tuple(P[:K] for P, K in zip(Ps, Ks)))
+  return None
+
+
+def run_layer(args, xp, carry, lengths=None, unroll=None):
+  """`mm_rnn_layer` or `mm_lstm_layer`, by the type of `args`."""
+  run = mm_rnn_layer if isinstance(args, MMRNNArgs) else mm_lstm_layer
+  return run(*args, xp, carry, lengths, unroll)
 
 
 def mm_rnn_layer(W: Array, P_h: Array, P_v: Array, xp: MMRNNInputs,
@@ -172,35 +398,46 @@ def mm_rnn_layer(W: Array, P_h: Array, P_v: Array, xp: MMRNNInputs,
     (final carry, ys [B, T, H]).
   """
   where = "mm_rnn_layer"
-  if W.ndim != 3 or W.shape[1] != W.shape[2]:
-    raise ValueError(f"{where}: W must be [K, H, H], got {W.shape}")
-  K, H, _ = W.shape
-  if P_h.shape != (H, K) or P_v.shape != (K, K):
-    raise ValueError(f"{where}: P_h must be [H, K] = [{H}, {K}] and P_v "
-                     f"[K, K]; got {P_h.shape}, {P_v.shape}")
-  hx, vx = xp
-  if hx.ndim != 3 or hx.shape[2] != H:
-    raise ValueError(f"{where}: xp.hx must be [B, T, H] with H = {H}, got "
-                     f"{hx.shape}")
-  B, T = hx.shape[:2]
-  if vx.shape != (B, T, K):
-    raise ValueError(f"{where}: xp.vx must be [B, T, K] = [{B}, {T}, {K}], "
-                     f"got {vx.shape}")
-  if carry.h.shape != (B, H) or carry.v.shape != (B, K):
-    raise ValueError(f"{where}: carry must be (h [B, H], v [B, K]) = "
-                     f"([{B}, {H}], [{B}, {K}]); got {carry.h.shape}, "
-                     f"{carry.v.shape}")
-  if T == 0:
-    raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
+  B, T, _, _ = _check(where, (W,), P_h, (P_v,), xp, 1, carry.h, (carry.v,))
   check_unroll(where, unroll)
-  mask = None
-  if lengths is not None:
-    lengths = jnp.asarray(lengths)
-    if lengths.shape != (B,):
-      raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
-                       f"{lengths.shape}")
-    mask = (jnp.arange(T, dtype=jnp.int32)[None, :]
-            < lengths.astype(jnp.int32)[:, None])[:, :, None]  # [B, T, 1]
-  (h, v), ys = _layer(1 if unroll is None else int(unroll), W, P_h, P_v, hx,
-                      vx, mask, carry.h, carry.v)
+  (h, v), ys = _rnn_layer(1 if unroll is None else int(unroll), (W,), P_h,
+                          (P_v,), xp.hx, xp.vx, _mask(where, lengths, B, T),
+                          carry.h, carry.v)
   return MMRNNCarry(h, v), ys
+
+
+def mm_lstm_layer(Ws, P_h: Array, P_vs, xp: MMLSTMInputs,
+                  carry: MMLSTMCarry, lengths: Array | None = None,
+                  unroll: int | None = None) -> tuple[MMLSTMCarry, Array]:
+  """Runs the mmLSTM recurrence over batch-major precomputed inputs.
+
+  Args:
+    Ws: the four gates' choice matrices W_g [K_g, H, H], gates c, i, f, o.
+    P_h: every W_g_proj's h rows side by side [H, sum K_g].
+    P_vs: every W_g_proj's v rows [K_g, K_g].
+    xp: `MMLSTMInputs` (gx [B, T, 4H], vx [B, T, sum K_g]):
+      `MMLSTM.precompute` of the inputs [B, T, D].
+    carry: initial `MMLSTMCarry`.
+    lengths, unroll: as `mm_rnn_layer`.
+
+  Returns:
+    (final carry, ys [B, T, H]).
+  """
+  where = "mm_lstm_layer"
+  keys = (carry.v_c, carry.v_i, carry.v_f, carry.v_o)
+  if len(Ws) != 4 or len(P_vs) != 4:
+    raise ValueError(f"{where}: Ws and P_vs must hold the 4 gates c, i, f, "
+                     f"o; got {len(Ws)} and {len(P_vs)}")
+  B, T, H, Ks = _check(where, tuple(Ws), P_h, tuple(P_vs), xp, 4, carry.h,
+                       keys)
+  if carry.c.shape != (B, H):
+    raise ValueError(f"{where}: carry.c must be [B, H] = [{B}, {H}], got "
+                     f"{carry.c.shape}")
+  check_unroll(where, unroll)
+  (h, c, v), ys = _lstm_layer(
+      1 if unroll is None else int(unroll), tuple(Ws), P_h, tuple(P_vs),
+      xp.gx, xp.vx, _mask(where, lengths, B, T), carry.h, carry.c,
+      jnp.concatenate(keys, axis=-1))
+  o = _offsets(Ks)
+  return MMLSTMCarry(h, c, *(v[:, o[n]:o[n] + K]
+                             for n, K in enumerate(Ks))), ys

@@ -37,9 +37,9 @@ remat; a cell can opt out with `fused_grad_default = False` (tensor_rnn).
 The LSTM (`lstm`, `mts_lstm`) has a dedicated layer primitive,
 `sorjax.fused_lstm.lstm_layer` (x W_x + b, the recurrence and all their
 gradients in one hand-written VJP). `unroll` runs it unless fused_grad=False,
-remat or hoist=False asks otherwise (see `_lstm_layer_args`). `mm_rnn` on
-the fused path runs `sorjax.fused_mm_rnn.mm_rnn_layer`, whose backward needs
-no saved z_t (`_mm_rnn_layer_args`).
+remat or hoist=False asks otherwise (see `_lstm_layer_args`). `mm_rnn` and
+`mm_lstm` on the fused path run `sorjax.fused_mm_rnn`'s layers, whose
+backwards need no saved z_t (`_mm_layer_args`).
 
 Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
 fused_grad=False there.
@@ -148,15 +148,14 @@ def _lstm_layer_args(cell, params, hoist, remat, fused_grad):
   return fused_lstm.lstm_args(cell, params)
 
 
-def _mm_rnn_layer_args(cell, params, hoist, remat, fused):
-  """`fused_mm_rnn.MMRNNArgs` when unroll should run
-  `fused_mm_rnn.mm_rnn_layer`: an mm_rnn cell on the batched-weight-gradient
-  path (fused), hoisted, without remat: 1.10-1.14x the generic fused scan
-  at B=32 H=256, the same speed at H = 512 and 1024, and 0.81-0.84x its
-  temporary memory (module doc of fused_mm_rnn)."""
+def _mm_layer_args(cell, params, hoist, remat, fused):
+  """The arguments of `fused_mm_rnn.mm_rnn_layer` / `mm_lstm_layer` when
+  unroll should run them: an mm_rnn or mm_lstm cell on the
+  batched-weight-gradient path (fused), hoisted, without remat (module doc
+  of fused_mm_rnn: no saved z_t, measured there)."""
   if not fused or not hoist or remat is not False:
     return None
-  return fused_mm_rnn.mm_rnn_args(cell, params)
+  return fused_mm_rnn.layer_args(cell, params)
 
 
 def _precompute_rows(cell, params, xs_tm, per_step_tm, scalar):
@@ -443,13 +442,13 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       xs = _gather_time(xs, idx)
       per_step = {k: _gather_time(v, idx) for k, v in per_step.items()}
 
-  mm = _mm_rnn_layer_args(cell, params, hoist, remat, fused)
+  mm = _mm_layer_args(cell, params, hoist, remat, fused)
   if mm is not None and T > 0 and not aux:  # batch-major, its own VJP
     D = xs.shape[2]
     xp = jax.tree_util.tree_map(
         lambda a: a.reshape(B, T, *a.shape[1:]),
         cell.precompute(params, xs.reshape(B * T, D)))
-    carry, ys = fused_mm_rnn.mm_rnn_layer(*mm, xp, carry, lengths, unroll)
+    carry, ys = fused_mm_rnn.run_layer(mm, xp, carry, lengths, unroll)
     if reverse:
       ys = jnp.flip(ys, 1) if lengths is None else _gather_time(ys, idx)
     return carry, ys
