@@ -32,10 +32,11 @@ backward and writes dz_t over it):
   backwards write (dpre_t, dlogits_t), the cotangents of those inputs,
   over the same buffers.
 
-Measured against the generic path (forward + backward, two threads,
-alternating timings; BUILD_NOTES, "The multi-matrix cells' own VJPs"):
-mm_rnn 1.10-1.14x at B=32 T=100 H=256, the same speed at H = 512 and 1024,
-0.81-0.84x the temporary memory.
+Measured against the generic path (forward + backward to the params and
+x, two threads, six alternating timings; medians; BUILD_NOTES, "The
+multi-matrix cells' own VJPs"): mm_rnn 1.12x at B=32 T=100 H=256, 1.06x
+at B=64 T=100 H=512, 1.00x at B=32 T=200 H=1024; mm_lstm 1.15x and 1.14x
+at the first two; half the temporary memory at every one of them.
 
 Forward-mode autodiff (jvp, jacfwd) is not defined through these primitives
 (`jax.custom_vjp`); reverse mode, vmap and jit are.
@@ -108,10 +109,14 @@ def _mix_backward(Wts, P_hT, P_vTs, Ks, dpre, h_prev, v, dv):
 
 
 def _sums(Ws, hp, vs, vp, dpre, dlog):
-  """dW_n[k] = sum_t h_{t-1}^T (v_n,t[k] dpre_n,t) (sum_n K_n matmuls),
-  dP_h = sum_t h_{t-1}^T dlogits_t and dP_v,n = sum_t v_n,t-1^T
-  dlogits_n,t, over all T*B rows of [B, T, .] arrays, accumulated in at
-  least float32."""
+  """dW_n[k] = sum_t h_{t-1}^T (v_n,t[k] dpre_n,t), dP_h = sum_t h_{t-1}^T
+  dlogits_t and dP_v,n = sum_t v_n,t-1^T dlogits_n,t, over all T*B rows of
+  [B, T, .] arrays, accumulated in at least float32.
+
+  The sum K matrices come from a loop with one product per iteration, so
+  one scaled copy v_n,t[k] dpre_n,t is live at a time: unrolled, XLA kept
+  several (mm_lstm B=64 T=100 H=512: 267 MB of temporaries, 162 MB without
+  these products)."""
   dtype = Ws[0].dtype
   acc = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
   rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
@@ -120,13 +125,18 @@ def _sums(Ws, hp, vs, vp, dpre, dlog):
   H = hp.shape[-1]
   hr, vr, vpr, dr, dl = rows(hp), rows(vs), rows(vp), rows(dpre), rows(dlog)
   Ks = [W.shape[0] for W in Ws]
-  dWs, dP_vs = [], []
-  for n, (K, o) in enumerate(zip(Ks, _offsets(Ks))):
-    d_n = dr[:, n * H:(n + 1) * H]
-    dWs.append(jnp.stack([wsum(hr, d_n * vr[:, o + k:o + k + 1])
-                          for k in range(K)]))
-    dP_vs.append(wsum(vpr[:, o:o + K], dl[:, o:o + K]))
-  return tuple(dWs), wsum(hr, dl), tuple(dP_vs)
+  group = jnp.asarray(sum(([n] * K for n, K in enumerate(Ks)), []), jnp.int32)
+
+  def one(j, dW):  # the j-th matrix overall: group n, key column j
+    d_n = jax.lax.dynamic_slice_in_dim(dr, group[j] * H, H, axis=1)
+    v_k = jax.lax.dynamic_slice_in_dim(vr, j, 1, axis=1)
+    return jax.lax.dynamic_update_index_in_dim(dW, wsum(hr, d_n * v_k), j, 0)
+
+  dW = jax.lax.fori_loop(0, sum(Ks), one, jnp.zeros((sum(Ks), H, H), dtype))
+  o = _offsets(Ks)
+  return (tuple(dW[o[n]:o[n] + K] for n, K in enumerate(Ks)), wsum(hr, dl),
+          tuple(wsum(vpr[:, o[n]:o[n] + K], dl[:, o[n]:o[n] + K])
+                for n, K in enumerate(Ks)))
 
 
 def _previous(first, seq):

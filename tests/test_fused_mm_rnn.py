@@ -211,8 +211,9 @@ def test_needs_less_memory_than_the_generic_fused_scan(name,
   ours = temp_bytes()
   monkeypatch.setattr(fm, "layer_args", lambda cell, params: None)
   generic = temp_bytes()
-  # 0.77x (mm_rnn), 0.86x (mm_lstm) here; 0.81-0.84x at benchmark shapes.
-  assert ours <= 0.9 * generic, (ours, generic)
+  # 0.63x (mm_rnn), 0.71x (mm_lstm) here; 0.48-0.50x at the benchmark
+  # shapes (BUILD_NOTES).
+  assert ours <= 0.8 * generic, (ours, generic)
 
 
 def test_argument_checks_name_the_argument():
