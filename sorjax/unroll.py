@@ -37,9 +37,10 @@ remat; a cell can opt out with `fused_grad_default = False` (tensor_rnn).
 The LSTM (`lstm`, `mts_lstm`) has a dedicated layer primitive,
 `sorjax.fused_lstm.lstm_layer` (x W_x + b, the recurrence and all their
 gradients in one hand-written VJP). `unroll` runs it unless fused_grad=False,
-remat or hoist=False asks otherwise (see `_lstm_layer_args`). `mm_rnn` and
-`mm_lstm` on the fused path run `sorjax.fused_mm_rnn`'s layers, whose
-backwards need no saved z_t (`_mm_layer_args`).
+remat or hoist=False asks otherwise (see `_lstm_layer_args`). On the fused
+path `mm_rnn` and `mm_lstm` run `sorjax.fused_mm_rnn`'s layers, whose
+backwards need no saved z_t, and `attention_lstm` (mix="states") runs
+`sorjax.fused_attention_lstm`'s (`_batch_major_layer`).
 
 Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
 fused_grad=False there.
@@ -56,7 +57,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sorjax import fused_lstm, fused_mm_rnn
+from sorjax import fused_attention_lstm, fused_lstm, fused_mm_rnn
 
 Array = jax.Array
 
@@ -148,14 +149,19 @@ def _lstm_layer_args(cell, params, hoist, remat, fused_grad):
   return fused_lstm.lstm_args(cell, params)
 
 
-def _mm_layer_args(cell, params, hoist, remat, fused):
-  """The arguments of `fused_mm_rnn.mm_rnn_layer` / `mm_lstm_layer` when
-  unroll should run them: an mm_rnn or mm_lstm cell on the
-  batched-weight-gradient path (fused), hoisted, without remat (module doc
-  of fused_mm_rnn: no saved z_t, measured there)."""
+def _batch_major_layer(cell, params, hoist, remat, fused):
+  """A cell's own batch-major layer when unroll should run it: on the
+  batched-weight-gradient path (fused), hoisted, without remat. mm_rnn and
+  mm_lstm (`fused_mm_rnn`: no saved z_t) and attention_lstm with
+  mix="states" (`fused_attention_lstm`: activations over gx_t). Returns
+  layer(xp, carry, lengths, unroll) or None."""
   if not fused or not hoist or remat is not False:
     return None
-  return fused_mm_rnn.layer_args(cell, params)
+  for module in (fused_mm_rnn, fused_attention_lstm):
+    args = module.layer_args(cell, params)
+    if args is not None:
+      return functools.partial(module.run_layer, args)
+  return None
 
 
 def _precompute_rows(cell, params, xs_tm, per_step_tm, scalar):
@@ -442,13 +448,15 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       xs = _gather_time(xs, idx)
       per_step = {k: _gather_time(v, idx) for k, v in per_step.items()}
 
-  mm = _mm_layer_args(cell, params, hoist, remat, fused)
-  if mm is not None and T > 0 and not aux:  # batch-major, its own VJP
-    D = xs.shape[2]
+  layer = _batch_major_layer(cell, params, hoist, remat, fused)
+  if layer is not None and T > 0:  # batch-major, its own VJP
+    rows = lambda a: a.reshape(B * T, *a.shape[2:])  # noqa: E731
     xp = jax.tree_util.tree_map(
         lambda a: a.reshape(B, T, *a.shape[1:]),
-        cell.precompute(params, xs.reshape(B * T, D)))
-    carry, ys = fused_mm_rnn.run_layer(mm, xp, carry, lengths, unroll)
+        cell.precompute(params, rows(xs),
+                        **{k: rows(v) for k, v in per_step.items()},
+                        **scalar))
+    carry, ys = layer(xp, carry, lengths, unroll)
     if reverse:
       ys = jnp.flip(ys, 1) if lengths is None else _gather_time(ys, idx)
     return carry, ys

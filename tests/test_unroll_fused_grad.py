@@ -287,6 +287,21 @@ def _scan_bodies(jaxpr, reverse):
   return out
 
 
+def _eqns(jaxpr):
+  """Every equation at any depth."""
+  from jax.extend import core as jcore
+  out = []
+  for eqn in jaxpr.eqns:
+    out.append(eqn)
+    for p in eqn.params.values():
+      for sub in (p if isinstance(p, (tuple, list)) else (p,)):
+        if isinstance(sub, jcore.ClosedJaxpr):
+          out += _eqns(sub.jaxpr)
+        elif isinstance(sub, jcore.Jaxpr):
+          out += _eqns(sub)
+  return out
+
+
 def _dots(jaxpr):
   """(lhs shape, rhs shape, out shape) of the top-level dot_generals."""
   return [(tuple(e.invars[0].aval.shape), tuple(e.invars[1].aval.shape),
@@ -314,10 +329,13 @@ def test_backward_forms_dW_in_one_matmul_not_per_step(key):
   assert per_step_dW(plain), "the check must see autodiff's accumulator"
   if key == "mm_rnn":
     # fused_mm_rnn: dW[k] = sum_t h_{t-1}^T (v_t[k] dpre_t) over all T*B
-    # rows, one dot_general per choice matrix outside every scan.
+    # rows: one dot_general per choice matrix, in a loop of K iterations
+    # (a forward scan of length K, not T).
     each = ((T * B, H), (T * B, H), (H, H))
-    K = cell.num_matrices
-    assert _dots(fused).count(each) == K and each not in _dots(plain)
+    loops = [e for e in _eqns(fused) if e.primitive.name == "scan"
+             and e.params["length"] == cell.num_matrices
+             and each in _dots(e.params["jaxpr"].jaxpr)]
+    assert len(loops) == 1 and cell.num_matrices != T
     return
   # dW = r^T dz over all T*B rows: one dot_general outside every scan
   # (r [T*B, H] by dz [T*B, 4H] for lstm's fused_lstm layer).
