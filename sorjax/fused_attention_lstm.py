@@ -20,8 +20,13 @@ step, [T, B, S*4H], and the carries (h, c)):
   (`fused_lstm`'s A = s tanh(s z + gamma) + delta, per-column constants).
 - dW = sum_t h_{t-1}^T dz_t is one matmul after the loop.
 
-Measured against the generic path: BUILD_NOTES, "The attention LSTM's own
-VJP".
+Measured against the generic path (S = 2; forward + backward to the
+params and x, two threads, six alternating timings; medians): 1.18x at
+B=32 T=100 H=256, 1.14x at B=64 T=100 H=512, with 0.64x its temporary
+memory at both (BUILD_NOTES, "The attention LSTM's own VJP").
+
+mix="gates" and `assignment_lstm` mix the gates by alpha_t before one LSTM
+update; they stay on the generic path.
 
 Forward-mode autodiff (jvp, jacfwd) is not defined through this primitive
 (a `jax.custom_vjp`); reverse mode, vmap and jit are.
