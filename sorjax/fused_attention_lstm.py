@@ -42,7 +42,8 @@ import jax.numpy as jnp
 
 from sorjax.cells.attention_lstm import SecondOrderInputs, recurrent_matrix
 from sorjax.cells.base import LSTMCarry
-from sorjax.fused_lstm import _activation_consts, check_unroll, scan_overwrite
+from sorjax.fused_lstm import (_activation_consts, batch_major_mask,
+                                check_unroll, scan_overwrite)
 
 Array = jax.Array
 
@@ -207,15 +208,8 @@ def attention_lstm_layer(W: Array, forget_bias: float, xp: SecondOrderInputs,
   if T == 0:
     raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
   check_unroll(where, unroll)
-  mask = None
-  if lengths is not None:
-    lengths = jnp.asarray(lengths)
-    if lengths.shape != (B,):
-      raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
-                       f"{lengths.shape}")
-    mask = (jnp.arange(T, dtype=jnp.int32)[None, :]
-            < lengths.astype(jnp.int32)[:, None])[:, :, None]  # [B, T, 1]
   (h, c), ys = _layer(1 if unroll is None else int(unroll),
                       float(forget_bias), W, gx.reshape(B, T, S * 4 * H),
-                      alpha, mask, carry.h, carry.c)
+                      alpha, batch_major_mask(where, lengths, B, T), carry.h,
+                      carry.c)
   return LSTMCarry(h, c), ys

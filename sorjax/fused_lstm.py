@@ -391,6 +391,19 @@ def lstm_args(cell, params) -> LSTMArgs | None:
   return None
 
 
+def batch_major_mask(where: str, lengths, B: int, T: int):
+  """The valid steps of `lengths` [B] as a bool [B, T, 1] mask (None for
+  None), for layers that step along axis 1 of [B, T, ...] buffers."""
+  if lengths is None:
+    return None
+  lengths = jnp.asarray(lengths)
+  if lengths.shape != (B,):
+    raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
+                     f"{lengths.shape}")
+  return (jnp.arange(T, dtype=jnp.int32)[None, :]
+          < lengths.astype(jnp.int32)[:, None])[:, :, None]
+
+
 def _checked(where, W_h, x, carry, lengths, layout):
   """Validates the common arguments; returns (mask or None, tr): the mask of
   valid steps broadcast to the loop's state layout ([T, H, B] gate-major,

@@ -52,7 +52,7 @@ import jax.numpy as jnp
 
 from sorjax.cells.mm_lstm import MMLSTMCarry, MMLSTMInputs
 from sorjax.cells.mm_rnn import MMRNNCarry, MMRNNInputs, fused_recurrent, mix
-from sorjax.fused_lstm import check_unroll, scan_overwrite
+from sorjax.fused_lstm import batch_major_mask, check_unroll, scan_overwrite
 
 Array = jax.Array
 
@@ -147,17 +147,6 @@ def _previous(first, seq):
   step. y_t is the carry h_t on valid steps, and valid steps form a prefix,
   so every step that uses h_{t-1} (dpre_t != 0) finds it in ys."""
   return jnp.concatenate([first[:, None], seq[:, :-1]], axis=1)
-
-
-def _mask(where, lengths, B, T):
-  if lengths is None:
-    return None
-  lengths = jnp.asarray(lengths)
-  if lengths.shape != (B,):
-    raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
-                     f"{lengths.shape}")
-  return (jnp.arange(T, dtype=jnp.int32)[None, :]
-          < lengths.astype(jnp.int32)[:, None])[:, :, None]      # [B, T, 1]
 
 
 # ------------------------------------------------------------------- mm_rnn
@@ -414,7 +403,7 @@ def mm_rnn_layer(W: Array, P_h: Array, P_v: Array, xp: MMRNNInputs,
   B, T, _, _ = _check(where, (W,), P_h, (P_v,), xp, 1, carry.h, (carry.v,))
   check_unroll(where, unroll)
   (h, v), ys = _rnn_layer(1 if unroll is None else int(unroll), (W,), P_h,
-                          (P_v,), xp.hx, xp.vx, _mask(where, lengths, B, T),
+                          (P_v,), xp.hx, xp.vx, batch_major_mask(where, lengths, B, T),
                           carry.h, carry.v)
   return MMRNNCarry(h, v), ys
 
@@ -449,7 +438,7 @@ def mm_lstm_layer(Ws, P_h: Array, P_vs, xp: MMLSTMInputs,
   check_unroll(where, unroll)
   (h, c, v), ys = _lstm_layer(
       1 if unroll is None else int(unroll), tuple(Ws), P_h, tuple(P_vs),
-      xp.gx, xp.vx, _mask(where, lengths, B, T), carry.h, carry.c,
+      xp.gx, xp.vx, batch_major_mask(where, lengths, B, T), carry.h, carry.c,
       jnp.concatenate(keys, axis=-1))
   o = _offsets(Ks)
   return MMLSTMCarry(h, c, *(v[:, o[n]:o[n] + K]

@@ -18,6 +18,7 @@ from sorjax.cells.base import LSTMCarry
 from sorjax.fused_attention_lstm import (attention_lstm_layer, layer_args,
                                          run_layer)
 from tests.cells import test_attention_lstm as ref_eqs
+from tests import layer_checks as checks
 from tests.cells.reference import np_params
 
 fa = importlib.import_module("sorjax.fused_attention_lstm")
@@ -103,33 +104,14 @@ def test_every_gradient_matches_autodiff_of_the_scan(lengths, reverse,
 
 def test_bfloat16_gradients_close_to_float32():
   cell = sorjax.cells.make("attention_lstm", hidden_size=16, num_cells=2)
-  params = cell.init(jax.random.key(0), D)
-  xs, G = normal(2, (B, T, D)), normal(5, (B, T, 16))
-  grads = {}
-  for dt in (jnp.float32, jnp.bfloat16):
-    p = jax.tree_util.tree_map(lambda a: a.astype(dt), params)
-    f = lambda p: jnp.sum(  # noqa: E731
-        sorjax.unroll(cell, p, xs.astype(dt), fused_grad=True)[1]
-        .astype(jnp.float32) * G)
-    grads[dt] = jax.grad(f)(p)
-    assert all(a.dtype == dt for a in jax.tree_util.tree_leaves(grads[dt]))
-  for k in params:
-    a = np.asarray(grads[jnp.bfloat16][k], np.float32)
-    b = np.asarray(grads[jnp.float32][k])
-    assert np.abs(a - b).max() <= 0.05 * np.abs(b).max() + 1e-3, k
+  checks.assert_bfloat16_grads_close(cell, cell.init(jax.random.key(0), D),
+                                     normal(2, (B, T, D)),
+                                     normal(5, (B, T, 16)))
 
 
 def test_vmap_over_replicas_equals_each_replica():
   cell, _, xs = ref_eqs.make("attention_lstm")
-  ps = jax.vmap(lambda k: cell.init(k, D))(jax.random.split(
-      jax.random.key(9), 2))
-  G = normal(5, (B, T, H))
-  f = lambda p: jnp.sum(sorjax.unroll(cell, p, xs, fused_grad=True)[1] * G)  # noqa: E731
-  g = jax.vmap(jax.grad(f))(ps)
-  for r in range(2):
-    one = jax.grad(f)(jax.tree_util.tree_map(lambda a: a[r], ps))
-    for k in one:
-      np.testing.assert_allclose(g[k][r], one[k], rtol=1e-5, atol=1e-6)
+  checks.assert_vmap_equals_each_replica(cell, D, xs, normal(5, (B, T, H)))
 
 
 @pytest.mark.parametrize("H_,opts,expected", [
@@ -164,18 +146,9 @@ def test_needs_less_memory_than_the_generic_fused_scan(monkeypatch):
   cell = sorjax.cells.make("attention_lstm", hidden_size=64, num_cells=2)
   params = cell.init(jax.random.key(0), D)
   xs, G = normal(2, (8, 40, D)), normal(5, (8, 40, 64))
-
-  def temp_bytes():
-    def step(p, x):
-      _, pull = jax.vjp(lambda p, x: sorjax.unroll(cell, p, x,
-                                                   fused_grad=True)[1], p, x)
-      return pull(G)
-    return jax.jit(step).lower(params, xs).compile().memory_analysis(
-        ).temp_size_in_bytes
-
-  ours = temp_bytes()
+  ours = checks.train_step_temp_bytes(cell, params, xs, G)
   monkeypatch.setattr(fa, "layer_args", lambda cell, params: None)
-  generic = temp_bytes()
+  generic = checks.train_step_temp_bytes(cell, params, xs, G)
   # 0.64x at B=32 T=100 H=256 and B=64 T=100 H=512 (BUILD_NOTES).
   assert ours <= 0.8 * generic, (ours, generic)
 

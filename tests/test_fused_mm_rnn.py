@@ -18,6 +18,7 @@ from sorjax.fused_mm_rnn import layer_args, mm_lstm_layer, mm_rnn_layer, run_lay
 from tests.cells.reference import normal, np_params, random_params
 from tests.cells.test_mm_lstm import numpy_mm_lstm
 from tests.cells.test_mm_rnn import numpy_mm_rnn
+from tests import layer_checks as checks
 
 fm = importlib.import_module("sorjax.fused_mm_rnn")
 
@@ -136,36 +137,15 @@ def test_every_gradient_matches_autodiff_of_the_scan(name, lengths, reverse,
 
 @pytest.mark.parametrize("name", sorted(CELLS))
 def test_bfloat16_gradients_close_to_float32(name):
-  """bfloat16 params and inputs: the weight sums accumulate in float32, so
-  the gradient stays within bfloat16 rounding of the float32 one."""
   cell, params = make(name, H_=16)
-  xs, G = normal(2, (B, T, D)), normal(5, (B, T, 16))
-  grads = {}
-  for dt in (jnp.float32, jnp.bfloat16):
-    p = jax.tree_util.tree_map(lambda a: a.astype(dt), params)
-    f = lambda p: jnp.sum(  # noqa: E731
-        sorjax.unroll(cell, p, xs.astype(dt), fused_grad=True)[1]
-        .astype(jnp.float32) * G)
-    grads[dt] = jax.grad(f)(p)
-    assert all(a.dtype == dt for a in jax.tree_util.tree_leaves(grads[dt]))
-  for k in params:
-    a = np.asarray(grads[jnp.bfloat16][k], np.float32)
-    b = np.asarray(grads[jnp.float32][k])
-    assert np.abs(a - b).max() <= 0.05 * np.abs(b).max() + 1e-3, k
+  checks.assert_bfloat16_grads_close(cell, params, normal(2, (B, T, D)),
+                                     normal(5, (B, T, 16)))
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))
 def test_vmap_over_replicas_equals_each_replica(name):
-  cell, _ = make(name)
-  ps = jax.vmap(lambda k: cell.init(k, D))(jax.random.split(
-      jax.random.key(9), 2))
-  xs, G = normal(2, (B, T, D)), normal(5, (B, T, H))
-  f = lambda p: jnp.sum(sorjax.unroll(cell, p, xs, fused_grad=True)[1] * G)  # noqa: E731
-  g = jax.vmap(jax.grad(f))(ps)
-  for r in range(2):
-    one = jax.grad(f)(jax.tree_util.tree_map(lambda a: a[r], ps))
-    for k in one:
-      np.testing.assert_allclose(g[k][r], one[k], rtol=1e-5, atol=1e-6)
+  checks.assert_vmap_equals_each_replica(make(name)[0], D, normal(2, (B, T, D)),
+                                         normal(5, (B, T, H)))
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))
@@ -199,18 +179,9 @@ def test_needs_less_memory_than_the_generic_fused_scan(name,
   those of the generic fused scan (XLA's own figures, deterministic)."""
   cell, params = make(name, H_=64)
   xs, G = normal(2, (8, 40, D)), normal(5, (8, 40, 64))
-
-  def temp_bytes():
-    def step(p, x):
-      _, pull = jax.vjp(lambda p, x: sorjax.unroll(cell, p, x,
-                                                   fused_grad=True)[1], p, x)
-      return pull(G)
-    return jax.jit(step).lower(params, xs).compile().memory_analysis(
-        ).temp_size_in_bytes
-
-  ours = temp_bytes()
+  ours = checks.train_step_temp_bytes(cell, params, xs, G)
   monkeypatch.setattr(fm, "layer_args", lambda cell, params: None)
-  generic = temp_bytes()
+  generic = checks.train_step_temp_bytes(cell, params, xs, G)
   # 0.63x (mm_rnn), 0.71x (mm_lstm) here; 0.48-0.50x at the benchmark
   # shapes (BUILD_NOTES).
   assert ours <= 0.8 * generic, (ours, generic)
