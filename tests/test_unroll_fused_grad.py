@@ -14,7 +14,7 @@ import pytest
 import sorjax
 from sorjax import cells
 from sorjax.unroll import supports_fused_grad
-from tests.cells.reference import assert_no_bhh, intermediate_shapes
+from tests.cells.reference import assert_no_bhh, intermediate_shapes, iter_eqns
 
 B, T, D, H = 2, 7, 3, 5
 
@@ -287,21 +287,6 @@ def _scan_bodies(jaxpr, reverse):
   return out
 
 
-def _eqns(jaxpr):
-  """Every equation at any depth."""
-  from jax.extend import core as jcore
-  out = []
-  for eqn in jaxpr.eqns:
-    out.append(eqn)
-    for p in eqn.params.values():
-      for sub in (p if isinstance(p, (tuple, list)) else (p,)):
-        if isinstance(sub, jcore.ClosedJaxpr):
-          out += _eqns(sub.jaxpr)
-        elif isinstance(sub, jcore.Jaxpr):
-          out += _eqns(sub)
-  return out
-
-
 def _dots(jaxpr):
   """(lhs shape, rhs shape, out shape) of the top-level dot_generals."""
   return [(tuple(e.invars[0].aval.shape), tuple(e.invars[1].aval.shape),
@@ -332,7 +317,7 @@ def test_backward_forms_dW_in_one_matmul_not_per_step(key):
     # rows: one dot_general per choice matrix, in a loop of K iterations
     # (a forward scan of length K, not T).
     each = ((T * B, H), (T * B, H), (H, H))
-    loops = [e for e in _eqns(fused) if e.primitive.name == "scan"
+    loops = [e for e in iter_eqns(fused) if e.primitive.name == "scan"
              and e.params["length"] == cell.num_matrices
              and each in _dots(e.params["jaxpr"].jaxpr)]
     assert len(loops) == 1 and cell.num_matrices != T
