@@ -1,35 +1,42 @@
-"""The attention LSTM's recurrence (mix="states") as one primitive with a
-hand-written VJP.
+"""The attention and assignment LSTMs' recurrences as primitives with
+hand-written VJPs.
+
+mix="states" (attention_lstm's default, Lin et al. eq. (c)-(e)):
 
     g_t      = h_{t-1} [W_h[1] | .. | W_h[S]] + gx_t          (one matmul)
     h_t^(s), c_t^(s) = LSTM update of cell s's gates g_t^(s)   # eq. (c)
     h_t      = sum_s alpha_{t,s} h_t^(s)                       # eq. (d)
     c_t      = sum_s alpha_{t,s} c_t^(s)                       # eq. (e)
 
-(`sorjax.cells.attention_lstm`; gx_t = x_t W_x[s] + b[s] and alpha_t are its
-hoisted `precompute`.) `sorjax.unroll` runs it for `attention_lstm` with
-mix="states" on the batched-weight-gradient path. What it saves over that
-generic path (`unroll._fused_scan`, which keeps z_t = h_{t-1} W for every
-step, [T, B, S*4H], and the carries (h, c)):
+mix="gates" (and assignment_lstm, whose alpha_t is one-hot): one LSTM
+update of the gates gx_t + sum_s alpha_{t,s} (h_{t-1} W_h[s]), gx_t being
+alpha-mixed already.
 
-- The forward writes every cell's gate activations A_t over gx_t
-  ([B, T, S*4H], batch-major, `fused_lstm.scan_overwrite` along axis 1)
-  and stacks only h_t and c_{t-1}; the backward recomputes each cell's
-  c_t^(s) and tanh from A_t and c_{t-1} and writes dz_t, the cotangent of
-  gx_t, over A_t. The activations are one elementwise map over the gates
+(`sorjax.cells.attention_lstm`; gx_t and alpha_t are the cells' hoisted
+`precompute`.) `sorjax.unroll` runs these on the batched-weight-gradient
+path. What they save over that generic path (`unroll._fused_scan`, which
+keeps z_t = h_{t-1} W for every step, [T, B, S*4H], and the carries (h, c)):
+
+- The forwards write the gate activations A_t (every cell's with
+  mix="states") over gx_t ([B, T, .], batch-major, `fused_lstm.
+  scan_overwrite` along axis 1) and stack only h_t and c_{t-1}; the
+  backwards rebuild c_t from A_t and c_{t-1} and write the cotangent of
+  gx_t over A_t. The activations are one elementwise map over the gates
   (`fused_lstm`'s A = s tanh(s z + gamma) + delta, per-column constants).
-- dW = sum_t h_{t-1}^T dz_t is one matmul after the loop.
+- mix="states": dW = sum_t h_{t-1}^T dz_t, one matmul after the loop.
+  mix="gates": the mixture's backward needs no z_t (as `fused_mm_rnn`'s):
+  G_t = dg_t [W_h[1]^T | .. | W_h[S]^T] gives dh_{t-1} = sum_s alpha_s
+  G_t[s] and dalpha_s = h_{t-1} . G_t[s], and dW_h[s] = sum_t h_{t-1}^T
+  (alpha_t,s dg_t), one matmul per cell after the loop.
 
 Measured against the generic path (S = 2; forward + backward to the
-params and x, two threads, six alternating timings; medians): 1.18x at
-B=32 T=100 H=256, 1.14x at B=64 T=100 H=512, with 0.64x its temporary
-memory at both (BUILD_NOTES, "The attention LSTM's own VJP").
+params and x, two threads, six alternating timings; medians) at B=32
+T=100 H=256 and B=64 T=100 H=512: mix="states" 1.18x and 1.14x with 0.64x
+its temporary memory; mix="gates" 1.21x and 1.11x (0.82x); assignment_lstm
+1.24x and 1.09x (0.72x) (BUILD_NOTES, "The attention LSTMs' own VJPs").
 
-mix="gates" and `assignment_lstm` mix the gates by alpha_t before one LSTM
-update; they stay on the generic path.
-
-Forward-mode autodiff (jvp, jacfwd) is not defined through this primitive
-(a `jax.custom_vjp`); reverse mode, vmap and jit are.
+Forward-mode autodiff (jvp, jacfwd) is not defined through these primitives
+(`jax.custom_vjp`); reverse mode, vmap and jit are.
 """
 
 from __future__ import annotations
@@ -146,45 +153,151 @@ def _layer_bwd(unroll, forget_bias, res, cot):
 _layer.defvjp(_layer_fwd, _layer_bwd)
 
 
+# ------------------------------------- mixed gates (mix="gates", assignment)
+
+def _gates_forward(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
+  """mix="gates" / assignment_lstm: one LSTM update of the alpha-mixed gates
+  gx_t + sum_s alpha_s (h_{t-1} W_h[s]); A_t written over gx [B, T, 4H]."""
+  S = alpha.shape[-1]
+  B, H = h0.shape
+  s, gamma, delta = _activation_consts(H, forget_bias, W.dtype, False)
+
+  def body(carry, gx_t, x):
+    h, c = carry
+    a, m = x if mask is not None else (x, None)
+    g = gx_t + jnp.einsum("bs,bsn->bn", a, (h @ W).reshape(B, S, 4 * H))
+    A = s * jnp.tanh(s * g + gamma) + delta
+    i, f, gg, o = jnp.split(A, 4, axis=-1)
+    c_new = f * c + i * gg
+    h_new = o * jnp.tanh(c_new)
+    if m is None:
+      return (h_new, c_new), (h_new, c), A
+    h_new, c_new = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
+    return (h_new, c_new), (jnp.where(m, h_new, 0), c), A
+
+  xs = alpha if mask is None else (alpha, mask)
+  final, (ys, cs), As = scan_overwrite(body, (h0, c0), gx, xs, unroll=unroll,
+                                       axis=1, xs_axis=1)
+  return final, jnp.swapaxes(ys, 0, 1), cs, As
+
+
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
+def _gates_layer(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
+  final, ys, _, _ = _gates_forward(unroll, forget_bias, W, gx, alpha, mask,
+                                   h0, c0)
+  return final, ys
+
+
+def _gates_layer_fwd(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
+  final, ys, cs, As = _gates_forward(unroll, forget_bias, W, gx, alpha, mask,
+                                     h0, c0)
+  return (final, ys), (W, alpha, mask, h0, ys, cs, As)
+
+
+def _gates_layer_bwd(unroll, forget_bias, res, cot):
+  """The backward of the mixed gates needs no saved z_t (as
+  `fused_mm_rnn`): G_t = dg_t [W_h[1]^T | .. | W_h[S]^T] gives dh_{t-1} =
+  sum_s alpha_s G_t[s] and dalpha_s = h_{t-1} . G_t[s]; dW_h[s] =
+  sum_t h_{t-1}^T (alpha_t,s dg_t), one matmul per cell after the loop."""
+  W, alpha, mask, h0, ys, cs, As = res
+  (dh_T, dc_T), dys = cot
+  S = alpha.shape[-1]
+  B, H = h0.shape
+  s, _, delta = _activation_consts(H, forget_bias, W.dtype, False)
+  Wt = jnp.transpose(W.reshape(H, S, 4 * H), (2, 1, 0)).reshape(4 * H, S * H)
+  hp = jnp.concatenate([h0[:, None], ys[:, :-1]], axis=1)   # h_{t-1}
+
+  def body(carry, A, x):  # A = A_t, overwritten with dg_t
+    dh, dc = carry
+    h_prev, c_prev, dy, a, m = x if mask is not None else (*x, None)
+    i, f, gg, o = jnp.split(A, 4, axis=-1)
+    tc = jnp.tanh(f * c_prev + i * gg)                       # tanh(c_t)
+    dh_t, dc_t = dy + dh, dc
+    if m is not None:  # a padded step passed its carry through
+      dh_t, dc_t = jnp.where(m, dh_t, 0), jnp.where(m, dc_t, 0)
+    dct = dc_t + dh_t * o * (1 - tc * tc)
+    dA = jnp.concatenate([dct * gg, dct * c_prev, dct * i, dh_t * tc], -1)
+    u = (A - delta) / s
+    dg = dA * (s * s) * (1 - u * u)                          # dL/d gates
+    G = (dg @ Wt).reshape(B, S, H)                           # dg W_h[s]^T
+    da = jnp.einsum("bsh,bh->bs", G, h_prev)                 # dL/dalpha_s
+    dh_prev = jnp.einsum("bs,bsh->bh", a, G)
+    dc_prev = dct * f
+    if m is not None:
+      dh_prev = jnp.where(m, dh_prev, dh)
+      dc_prev = jnp.where(m, dc_prev, dc)
+    return (dh_prev, dc_prev), da, dg
+
+  xs = (hp, jnp.swapaxes(cs, 0, 1), dys, alpha)
+  (dh0, dc0), das, dgs = scan_overwrite(
+      body, (dh_T, dc_T), As, xs if mask is None else (*xs, mask),
+      reverse=True, unroll=unroll, axis=1, xs_axis=1)
+  acc = W.dtype if jnp.finfo(W.dtype).bits >= 32 else jnp.float32
+  rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
+  hr, ar, dr = rows(hp), rows(alpha), rows(dgs)
+
+  def one(k, dW):  # cell k's block: sum_t h_{t-1}^T (alpha_t,k dg_t)
+    a_k = jax.lax.dynamic_slice_in_dim(ar, k, 1, axis=1)
+    blk = jnp.einsum("rh,rn->hn", hr, dr * a_k,
+                     preferred_element_type=acc).astype(W.dtype)
+    return jax.lax.dynamic_update_slice_in_dim(dW, blk, k * 4 * H, axis=1)
+
+  dW = jax.lax.fori_loop(0, S, one, jnp.zeros_like(W))
+  return dW, dgs, jnp.swapaxes(das, 0, 1), None, dh0, dc0
+
+
+_gates_layer.defvjp(_gates_layer_fwd, _gates_layer_bwd)
+
+
 class AttentionLSTMArgs(NamedTuple):
   """What `attention_lstm_layer` needs from the cell and its params."""
   W: Array            # [H, S*4H], `recurrent_matrix`
   forget_bias: float
+  mix: str            # "states" or "gates" (assignment_lstm: "gates")
 
 
 def layer_args(cell, params) -> AttentionLSTMArgs | None:
-  """The layer arguments of an `attention_lstm` cell with mix="states" (its
-  precompute gives the layer's xp); None for every other cell."""
-  from sorjax.cells.attention_lstm import AttentionLSTM
-  if type(cell) is not AttentionLSTM or cell.mix != "states":
+  """The layer arguments of an `attention_lstm` (either mix) or
+  `assignment_lstm` cell (its precompute gives the layer's xp); None for
+  every other cell."""
+  from sorjax.cells.attention_lstm import AssignmentLSTM, AttentionLSTM
+  if type(cell) is AttentionLSTM:
+    mix = cell.mix
+  elif type(cell) is AssignmentLSTM:
+    mix = "gates"
+  else:
     return None
-  return AttentionLSTMArgs(recurrent_matrix(params), float(cell.forget_bias))
+  return AttentionLSTMArgs(recurrent_matrix(params), float(cell.forget_bias),
+                           mix)
 
 
 def run_layer(args: AttentionLSTMArgs, xp, carry, lengths=None, unroll=None):
   """`attention_lstm_layer` from `layer_args`."""
   return attention_lstm_layer(args.W, args.forget_bias, xp, carry, lengths,
-                              unroll)
+                              unroll, mix=args.mix)
 
 
 def attention_lstm_layer(W: Array, forget_bias: float, xp: SecondOrderInputs,
                          carry: LSTMCarry, lengths: Array | None = None,
-                         unroll: int | None = None
+                         unroll: int | None = None, mix: str = "states"
                          ) -> tuple[LSTMCarry, Array]:
-  """Runs the attention LSTM's recurrence (mix="states") over batch-major
-  precomputed inputs.
+  """Runs the attention LSTM's recurrence over batch-major precomputed
+  inputs.
 
   Args:
     W: [W_h[1] | .. | W_h[S]] [H, S*4H] (`recurrent_matrix`; gates i, f, g, o
       per cell).
     forget_bias: added to every cell's forget gate.
-    xp: `SecondOrderInputs` (gx [B, T, S, 4H], alpha [B, T, S]):
-      `AttentionLSTM.precompute` of the inputs [B, T, D].
+    xp: `SecondOrderInputs` (gx, alpha [B, T, S]): the cell's `precompute`
+      of the inputs [B, T, D]; gx is [B, T, S, 4H] for mix="states" and the
+      alpha-mixed [B, T, 4H] for mix="gates" (and `assignment_lstm`).
     carry: initial `LSTMCarry` (h, c), each [B, H].
     lengths: optional int [B]; steps t >= lengths[b] keep the carry and
       output zeros, as `sorjax.unroll`.
     unroll: steps per loop iteration in both loops (`scan_overwrite`);
       None is 1.
+    mix: "states" (eq. (d)-(e)) or "gates" (the alpha-mixed gates of one
+      LSTM update), as the cells' attribute.
 
   Returns:
     (final carry, ys [B, T, H]).
@@ -192,12 +305,17 @@ def attention_lstm_layer(W: Array, forget_bias: float, xp: SecondOrderInputs,
   where = "attention_lstm_layer"
   if W.ndim != 2 or W.shape[1] % (4 * W.shape[0]):
     raise ValueError(f"{where}: W must be [H, S*4H], got {W.shape}")
+  if mix not in ("states", "gates"):
+    raise ValueError(f"{where}: mix must be 'states' or 'gates', got "
+                     f"{mix!r}")
   H = W.shape[0]
   S = W.shape[1] // (4 * H)
   gx, alpha = xp
-  if gx.ndim != 4 or gx.shape[2:] != (S, 4 * H):
-    raise ValueError(f"{where}: xp.gx must be [B, T, S, 4H] = [., ., {S}, "
-                     f"{4 * H}], got {gx.shape}")
+  want = (S, 4 * H) if mix == "states" else (4 * H,)
+  if gx.ndim != 2 + len(want) or gx.shape[2:] != want:
+    raise ValueError(f"{where}: xp.gx must be [B, T, "
+                     f"{', '.join(map(str, want))}] for mix={mix!r}, got "
+                     f"{gx.shape}")
   B, T = gx.shape[:2]
   if alpha.shape != (B, T, S):
     raise ValueError(f"{where}: xp.alpha must be [B, T, S] = [{B}, {T}, "
@@ -208,8 +326,9 @@ def attention_lstm_layer(W: Array, forget_bias: float, xp: SecondOrderInputs,
   if T == 0:
     raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
   check_unroll(where, unroll)
-  (h, c), ys = _layer(1 if unroll is None else int(unroll),
-                      float(forget_bias), W, gx.reshape(B, T, S * 4 * H),
-                      alpha, batch_major_mask(where, lengths, B, T), carry.h,
-                      carry.c)
+  layer = _layer if mix == "states" else _gates_layer
+  (h, c), ys = layer(1 if unroll is None else int(unroll),
+                     float(forget_bias), W, gx.reshape(B, T, -1), alpha,
+                     batch_major_mask(where, lengths, B, T), carry.h,
+                     carry.c)
   return LSTMCarry(h, c), ys

@@ -39,7 +39,7 @@ The LSTM (`lstm`, `mts_lstm`) has a dedicated layer primitive,
 gradients in one hand-written VJP). `unroll` runs it unless fused_grad=False,
 remat or hoist=False asks otherwise (see `_lstm_layer_args`). On the fused
 path `mm_rnn` and `mm_lstm` run `sorjax.fused_mm_rnn`'s layers, whose
-backwards need no saved z_t, and `attention_lstm` (mix="states") runs
+backwards need no saved z_t, and `attention_lstm` and `assignment_lstm` run
 `sorjax.fused_attention_lstm`'s (`_batch_major_layer`).
 
 Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
@@ -152,8 +152,8 @@ def _lstm_layer_args(cell, params, hoist, remat, fused_grad):
 def _batch_major_layer(cell, params, hoist, remat, fused):
   """A cell's own batch-major layer when unroll should run it: on the
   batched-weight-gradient path (fused), hoisted, without remat. mm_rnn and
-  mm_lstm (`fused_mm_rnn`: no saved z_t) and attention_lstm with
-  mix="states" (`fused_attention_lstm`: activations over gx_t). Returns
+  mm_lstm (`fused_mm_rnn`: no saved z_t), attention_lstm and
+  assignment_lstm (`fused_attention_lstm`: activations over gx_t). Returns
   layer(xp, carry, lengths, unroll) or None."""
   if not fused or not hoist or remat is not False:
     return None
