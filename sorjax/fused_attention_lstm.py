@@ -70,20 +70,16 @@ def _cells(A, c_prev, S):
   return i, f, g, o, f * c_prev[:, None, :] + i * g
 
 
-def _forward(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
-  """The loop over axis 1 of gx [B, T, S*4H] (and alpha [B, T, S], mask
-  [B, T, 1]); returns the final (h, c), ys and c_{t-1} ([T, B, H],
-  stacked) and the activations A_t written over gx."""
-  S = alpha.shape[-1]
-  s, gamma, delta = _consts(S, h0.shape[-1], forget_bias, W.dtype)
-
+def _loop(update, gx, alpha, mask, h0, c0, unroll):
+  """The forward loop over axis 1 of gx [B, T, .] (and alpha [B, T, S],
+  mask [B, T, 1]): update(h, c, gx_t, alpha_t) -> (A_t, h_t, c_t). Returns
+  the final (h, c), ys [B, T, H], c_{t-1} ([T, B, H], stacked) and the
+  activations A_t written over gx; padded steps keep the carry and emit
+  zeros."""
   def body(carry, gx_t, x):
     h, c = carry
     a, m = x if mask is not None else (x, None)
-    A = s * jnp.tanh(s * (h @ W + gx_t) + gamma) + delta    # sigma / tanh
-    _, _, _, o, cs = _cells(A, c, S)                         # eq. (c)
-    h_new = jnp.einsum("bs,bsh->bh", a, o * jnp.tanh(cs))    # eq. (d)
-    c_new = jnp.einsum("bs,bsh->bh", a, cs)                  # eq. (e)
+    A, h_new, c_new = update(h, c, gx_t, a)
     if m is None:
       return (h_new, c_new), (h_new, c), A
     h_new, c_new = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
@@ -93,6 +89,48 @@ def _forward(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
   final, (ys, cs), As = scan_overwrite(body, (h0, c0), gx, xs, unroll=unroll,
                                        axis=1, xs_axis=1)
   return final, jnp.swapaxes(ys, 0, 1), cs, As
+
+
+def _back_loop(grad, As, res_inputs, mask, dh_T, dc_T, unroll):
+  """The backward loop (reverse, along axis 1): grad(A_t, h_{t-1}, c_{t-1},
+  alpha_t, dL/dh_t, dL/dc_t) -> (dh_{t-1}, dc_{t-1}, dalpha_t, dz_t), with
+  dz_t written over A_t. res_inputs = (h_{t-1} [B, T, H], c_{t-1}
+  [T, B, H], dys [B, T, H], alpha); a padded step passes the carry's
+  cotangent through. Returns ((dh_0, dc_0), dalpha [B, T, S], dz)."""
+  hp, cs, dys, alpha = res_inputs
+
+  def body(carry, A, x):
+    dh, dc = carry
+    h_prev, c_prev, dy, a, m = x if mask is not None else (*x, None)
+    dh_t, dc_t = dy + dh, dc                                 # dL/dh_t, dL/dc_t
+    if m is not None:
+      dh_t, dc_t = jnp.where(m, dh_t, 0), jnp.where(m, dc_t, 0)
+    dh_prev, dc_prev, da, dz = grad(A, h_prev, c_prev, a, dh_t, dc_t)
+    if m is not None:
+      dh_prev = jnp.where(m, dh_prev, dh)
+      dc_prev = jnp.where(m, dc_prev, dc)
+    return (dh_prev, dc_prev), da, dz
+
+  xs = (hp, jnp.swapaxes(cs, 0, 1), dys, alpha)
+  d0, das, dzs = scan_overwrite(body, (dh_T, dc_T), As,
+                                xs if mask is None else (*xs, mask),
+                                reverse=True, unroll=unroll, axis=1,
+                                xs_axis=1)
+  return d0, jnp.swapaxes(das, 0, 1), dzs
+
+
+def _forward(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
+  """mix="states": every cell's activations over gx [B, T, S*4H]."""
+  S = alpha.shape[-1]
+  s, gamma, delta = _consts(S, h0.shape[-1], forget_bias, W.dtype)
+
+  def update(h, c, gx_t, a):
+    A = s * jnp.tanh(s * (h @ W + gx_t) + gamma) + delta    # sigma / tanh
+    _, _, _, o, cs = _cells(A, c, S)                         # eq. (c)
+    return (A, jnp.einsum("bs,bsh->bh", a, o * jnp.tanh(cs)),  # eq. (d)
+            jnp.einsum("bs,bsh->bh", a, cs))                 # eq. (e)
+
+  return _loop(update, gx, alpha, mask, h0, c0, unroll)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -115,14 +153,9 @@ def _layer_bwd(unroll, forget_bias, res, cot):
   Wt = W.T  # once: a per-step dot on a transposed operand is slower on CPU
   hp = jnp.concatenate([h0[:, None], ys[:, :-1]], axis=1)   # h_{t-1}
 
-  def body(carry, A, x):  # A = A_t, overwritten with dz_t
-    dh, dc = carry
-    h_prev, c_prev, dy, a, m = x if mask is not None else (*x, None)
+  def grad(A, h_prev, c_prev, a, dh_t, dc_t):
     i, f, g, o, cs_ = _cells(A, c_prev, S)
     tc = jnp.tanh(cs_)
-    dh_t, dc_t = dy + dh, dc                                 # dL/dh_t, dL/dc_t
-    if m is not None:  # a padded step passed its carry through
-      dh_t, dc_t = jnp.where(m, dh_t, 0), jnp.where(m, dc_t, 0)
     da = (jnp.einsum("bh,bsh->bs", dh_t, o * tc)             # through (d)
           + jnp.einsum("bh,bsh->bs", dc_t, cs_))             # and (e)
     dh_s = a[:, :, None] * dh_t[:, None, :]                  # dL/dh_t^(s)
@@ -131,23 +164,17 @@ def _layer_bwd(unroll, forget_bias, res, cot):
                           dh_s * tc], axis=-1).reshape(A.shape)
     u = (A - delta) / s                                      # tanh(s z + gamma)
     dz = dA * (s * s) * (1 - u * u)
-    dh_prev = dz @ Wt                                        # through h_{t-1} W
-    dc_prev = jnp.sum(dc_s * f, axis=1)                      # through c_{t-1}
-    if m is not None:
-      dh_prev = jnp.where(m, dh_prev, dh)
-      dc_prev = jnp.where(m, dc_prev, dc)
-    return (dh_prev, dc_prev), da, dz
+    return (dz @ Wt,                                         # through h_{t-1} W
+            jnp.sum(dc_s * f, axis=1), da, dz)               # through c_{t-1}
 
-  xs = (hp, jnp.swapaxes(cs, 0, 1), dys, alpha)
-  (dh0, dc0), das, dzs = scan_overwrite(
-      body, (dh_T, dc_T), As, xs if mask is None else (*xs, mask),
-      reverse=True, unroll=unroll, axis=1, xs_axis=1)
+  (dh0, dc0), das, dzs = _back_loop(grad, As, (hp, cs, dys, alpha), mask,
+                                    dh_T, dc_T, unroll)
   # dW = sum_t h_{t-1}^T dz_t over all T*B rows, in at least float32.
   acc = W.dtype if jnp.finfo(W.dtype).bits >= 32 else jnp.float32
   dW = jnp.einsum("rh,rn->hn", hp.reshape(-1, hp.shape[-1]),
                   dzs.reshape(-1, dzs.shape[-1]),
                   preferred_element_type=acc).astype(W.dtype)
-  return dW, dzs, jnp.swapaxes(das, 0, 1), None, dh0, dc0
+  return dW, dzs, das, None, dh0, dc0
 
 
 _layer.defvjp(_layer_fwd, _layer_bwd)
@@ -162,23 +189,14 @@ def _gates_forward(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
   B, H = h0.shape
   s, gamma, delta = _activation_consts(H, forget_bias, W.dtype, False)
 
-  def body(carry, gx_t, x):
-    h, c = carry
-    a, m = x if mask is not None else (x, None)
+  def update(h, c, gx_t, a):
     g = gx_t + jnp.einsum("bs,bsn->bn", a, (h @ W).reshape(B, S, 4 * H))
     A = s * jnp.tanh(s * g + gamma) + delta
     i, f, gg, o = jnp.split(A, 4, axis=-1)
     c_new = f * c + i * gg
-    h_new = o * jnp.tanh(c_new)
-    if m is None:
-      return (h_new, c_new), (h_new, c), A
-    h_new, c_new = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
-    return (h_new, c_new), (jnp.where(m, h_new, 0), c), A
+    return A, o * jnp.tanh(c_new), c_new
 
-  xs = alpha if mask is None else (alpha, mask)
-  final, (ys, cs), As = scan_overwrite(body, (h0, c0), gx, xs, unroll=unroll,
-                                       axis=1, xs_axis=1)
-  return final, jnp.swapaxes(ys, 0, 1), cs, As
+  return _loop(update, gx, alpha, mask, h0, c0, unroll)
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
@@ -207,31 +225,19 @@ def _gates_layer_bwd(unroll, forget_bias, res, cot):
   Wt = jnp.transpose(W.reshape(H, S, 4 * H), (2, 1, 0)).reshape(4 * H, S * H)
   hp = jnp.concatenate([h0[:, None], ys[:, :-1]], axis=1)   # h_{t-1}
 
-  def body(carry, A, x):  # A = A_t, overwritten with dg_t
-    dh, dc = carry
-    h_prev, c_prev, dy, a, m = x if mask is not None else (*x, None)
+  def grad(A, h_prev, c_prev, a, dh_t, dc_t):
     i, f, gg, o = jnp.split(A, 4, axis=-1)
     tc = jnp.tanh(f * c_prev + i * gg)                       # tanh(c_t)
-    dh_t, dc_t = dy + dh, dc
-    if m is not None:  # a padded step passed its carry through
-      dh_t, dc_t = jnp.where(m, dh_t, 0), jnp.where(m, dc_t, 0)
     dct = dc_t + dh_t * o * (1 - tc * tc)
     dA = jnp.concatenate([dct * gg, dct * c_prev, dct * i, dh_t * tc], -1)
     u = (A - delta) / s
     dg = dA * (s * s) * (1 - u * u)                          # dL/d gates
     G = (dg @ Wt).reshape(B, S, H)                           # dg W_h[s]^T
-    da = jnp.einsum("bsh,bh->bs", G, h_prev)                 # dL/dalpha_s
-    dh_prev = jnp.einsum("bs,bsh->bh", a, G)
-    dc_prev = dct * f
-    if m is not None:
-      dh_prev = jnp.where(m, dh_prev, dh)
-      dc_prev = jnp.where(m, dc_prev, dc)
-    return (dh_prev, dc_prev), da, dg
+    return (jnp.einsum("bs,bsh->bh", a, G), dct * f,
+            jnp.einsum("bsh,bh->bs", G, h_prev), dg)         # dL/dalpha_s
 
-  xs = (hp, jnp.swapaxes(cs, 0, 1), dys, alpha)
-  (dh0, dc0), das, dgs = scan_overwrite(
-      body, (dh_T, dc_T), As, xs if mask is None else (*xs, mask),
-      reverse=True, unroll=unroll, axis=1, xs_axis=1)
+  (dh0, dc0), das, dgs = _back_loop(grad, As, (hp, cs, dys, alpha), mask,
+                                    dh_T, dc_T, unroll)
   acc = W.dtype if jnp.finfo(W.dtype).bits >= 32 else jnp.float32
   rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
   hr, ar, dr = rows(hp), rows(alpha), rows(dgs)
@@ -243,7 +249,7 @@ def _gates_layer_bwd(unroll, forget_bias, res, cot):
     return jax.lax.dynamic_update_slice_in_dim(dW, blk, k * 4 * H, axis=1)
 
   dW = jax.lax.fori_loop(0, S, one, jnp.zeros_like(W))
-  return dW, dgs, jnp.swapaxes(das, 0, 1), None, dh0, dc0
+  return dW, dgs, das, None, dh0, dc0
 
 
 _gates_layer.defvjp(_gates_layer_fwd, _gates_layer_bwd)
