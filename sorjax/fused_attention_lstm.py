@@ -50,7 +50,8 @@ import jax.numpy as jnp
 from sorjax.cells.attention_lstm import SecondOrderInputs, recurrent_matrix
 from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import (_activation_consts, batch_major_mask,
-                                check_unroll, scan_overwrite)
+                                check_unroll, previous_steps,
+                                scan_overwrite)
 
 Array = jax.Array
 
@@ -151,7 +152,7 @@ def _layer_bwd(unroll, forget_bias, res, cot):
   S = alpha.shape[-1]
   s, _, delta = _consts(S, h0.shape[-1], forget_bias, W.dtype)
   Wt = W.T  # once: a per-step dot on a transposed operand is slower on CPU
-  hp = jnp.concatenate([h0[:, None], ys[:, :-1]], axis=1)   # h_{t-1}
+  hp = previous_steps(h0, ys, 1)                            # h_{t-1}
 
   def grad(A, h_prev, c_prev, a, dh_t, dc_t):
     i, f, g, o, cs_ = _cells(A, c_prev, S)
@@ -223,7 +224,7 @@ def _gates_layer_bwd(unroll, forget_bias, res, cot):
   B, H = h0.shape
   s, _, delta = _activation_consts(H, forget_bias, W.dtype, False)
   Wt = jnp.transpose(W.reshape(H, S, 4 * H), (2, 1, 0)).reshape(4 * H, S * H)
-  hp = jnp.concatenate([h0[:, None], ys[:, :-1]], axis=1)   # h_{t-1}
+  hp = previous_steps(h0, ys, 1)                            # h_{t-1}
 
   def grad(A, h_prev, c_prev, a, dh_t, dc_t):
     i, f, gg, o = jnp.split(A, 4, axis=-1)

@@ -328,9 +328,7 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
   (dh0, dc0), _, dzs = scan_overwrite(body, (dh_T, dc_T), As, inputs,
                                       reverse=True, unroll=unroll,
                                       axis=1 if tr else 0)
-  # h_{t-1}: the carry before step t. y_t equals the carry h_t on valid steps
-  # and valid steps form a prefix, so dz_t = 0 wherever y_{t-1} is a padding 0.
-  hprev = jnp.concatenate([h0[None], ys2[:-1]], axis=0)
+  hprev = previous_steps(h0, ys2, 0)  # h_{t-1}, the carry before step t
   # Sums over all T*B rows, accumulated in at least float32.
   acc = W_h.dtype if jnp.finfo(W_h.dtype).bits >= 32 else jnp.float32
   wsum = lambda spec, a, d: jnp.einsum(  # noqa: E731
@@ -391,9 +389,8 @@ def lstm_args(cell, params) -> LSTMArgs | None:
   return None
 
 
-def batch_major_mask(where: str, lengths, B: int, T: int):
-  """The valid steps of `lengths` [B] as a bool [B, T, 1] mask (None for
-  None), for layers that step along axis 1 of [B, T, ...] buffers."""
+def _valid_steps(where: str, lengths, B: int, T: int):
+  """The valid steps of `lengths` [B] as a bool [B, T] (None for None)."""
   if lengths is None:
     return None
   lengths = jnp.asarray(lengths)
@@ -401,7 +398,25 @@ def batch_major_mask(where: str, lengths, B: int, T: int):
     raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
                      f"{lengths.shape}")
   return (jnp.arange(T, dtype=jnp.int32)[None, :]
-          < lengths.astype(jnp.int32)[:, None])[:, :, None]
+          < lengths.astype(jnp.int32)[:, None])
+
+
+def batch_major_mask(where: str, lengths, B: int, T: int):
+  """The valid steps of `lengths` [B] as a bool [B, T, 1] mask (None for
+  None), for layers that step along axis 1 of [B, T, ...] buffers."""
+  valid = _valid_steps(where, lengths, B, T)
+  return None if valid is None else valid[:, :, None]
+
+
+def previous_steps(first, seq, axis: int):
+  """[first, seq_0, .., seq_{T-2}] along `axis` (seq's time axis; first has
+  no such axis): the value before each step, h_{t-1} from h_0 and the
+  outputs. y_t is the carry h_t on valid steps and valid steps form a
+  prefix, so every step whose gradient uses h_{t-1} finds it there (a
+  padded step's zeros meet a zero cotangent)."""
+  return jnp.concatenate(
+      [jnp.expand_dims(first, axis),
+       jax.lax.slice_in_dim(seq, 0, seq.shape[axis] - 1, axis=axis)], axis)
 
 
 def _checked(where, W_h, x, carry, lengths, layout):
@@ -421,14 +436,8 @@ def _checked(where, W_h, x, carry, lengths, layout):
                        f" got {a.shape}")
   if T == 0:
     raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
-  mask = None
-  if lengths is not None:
-    lengths = jnp.asarray(lengths)
-    if lengths.shape != (B,):
-      raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
-                       f"{lengths.shape}")
-    mask = (jnp.arange(T, dtype=jnp.int32)[:, None]
-            < lengths.astype(jnp.int32)[None, :])                 # [T, B]
+  valid = _valid_steps(where, lengths, B, T)
+  mask = None if valid is None else valid.T                       # [T, B]
   if layout is None:
     layout = "gate_major" if H >= GATE_MAJOR_FROM else "batch_major"
   if layout not in ("gate_major", "batch_major"):

@@ -52,7 +52,8 @@ import jax.numpy as jnp
 
 from sorjax.cells.mm_lstm import MMLSTMCarry, MMLSTMInputs
 from sorjax.cells.mm_rnn import MMRNNCarry, MMRNNInputs, fused_recurrent, mix
-from sorjax.fused_lstm import batch_major_mask, check_unroll, scan_overwrite
+from sorjax.fused_lstm import (batch_major_mask, check_unroll,
+                               previous_steps, scan_overwrite)
 
 Array = jax.Array
 
@@ -78,7 +79,7 @@ def _mix_forward(Ws, P_h, P_vs, Wc, h, v, vx_t):
   Ks = [W.shape[0] for W in Ws]
   z, zv = h @ Wc, h @ P_h
   pre, vs, oW = [], [], 0
-  for W, P_v, K, o in zip(Ws, P_vs, Ks, _offsets(Ks)):
+  for P_v, K, o in zip(P_vs, Ks, _offsets(Ks)):
     logits = v[:, o:o + K] @ P_v + zv[:, o:o + K] + vx_t[:, o:o + K]
     vs.append(jax.nn.softmax(logits, axis=-1))
     pre.append(mix(vs[-1], z[:, oW:oW + K * H]))
@@ -142,13 +143,6 @@ def _sums(Ws, hp, vs, vp, dpre, dlog):
                 for n, K in enumerate(Ks)))
 
 
-def _previous(first, seq):
-  """[first, seq[:, 0], .., seq[:, T-2]] along axis 1: the value before each
-  step. y_t is the carry h_t on valid steps, and valid steps form a prefix,
-  so every step that uses h_{t-1} (dpre_t != 0) finds it in ys."""
-  return jnp.concatenate([first[:, None], seq[:, :-1]], axis=1)
-
-
 # ------------------------------------------------------------------- mm_rnn
 
 def _rnn_forward(unroll, Ws, P_h, P_vs, hx, vx, mask, h0, v0):
@@ -188,7 +182,7 @@ def _rnn_layer_bwd(unroll, res, cot):
   (dh_T, dv_T), dys = cot
   Ks = [W.shape[0] for W in Ws]
   Wts, P_hT, P_vTs = _transposed(Ws), P_h.T, [P.T for P in P_vs]
-  hp = _previous(h0, ys)
+  hp = previous_steps(h0, ys, 1)
 
   def body(carry, b, inp):  # b = (y_t, v_t), overwritten with (dpre, dlog)
     dh, dv = carry
@@ -209,7 +203,7 @@ def _rnn_layer_bwd(unroll, res, cot):
   (dh0, dv0), _, (dpre, dlog) = scan_overwrite(
       body, (dh_T, dv_T), (ys, vs), inputs, reverse=True, unroll=unroll,
       axis=1, xs_axis=1)
-  dWs, dP_h, dP_vs = _sums(Ws, hp, vs, _previous(v0, vs), dpre, dlog)
+  dWs, dP_h, dP_vs = _sums(Ws, hp, vs, previous_steps(v0, vs, 1), dpre, dlog)
   return dWs, dP_h, dP_vs, dpre, dlog, None, dh0, dv0
 
 
@@ -265,7 +259,7 @@ def _lstm_layer_bwd(unroll, res, cot):
   H = h0.shape[-1]
   Ks = [W.shape[0] for W in Ws]
   Wts, P_hT, P_vTs = _transposed(Ws), P_h.T, [P.T for P in P_vs]
-  hp = _previous(h0, ys)
+  hp = previous_steps(h0, ys, 1)
 
   def body(carry, b, inp):  # b = (A_t, v_t), overwritten with (dpre, dlog)
     dh, dc, dv = carry
@@ -296,7 +290,7 @@ def _lstm_layer_bwd(unroll, res, cot):
   (dh0, dc0, dv0), _, (dpre, dlog) = scan_overwrite(
       body, (dh_T, dc_T, dv_T), (As, vs), inputs, reverse=True,
       unroll=unroll, axis=1, xs_axis=1)
-  dWs, dP_h, dP_vs = _sums(Ws, hp, vs, _previous(v0, vs), dpre, dlog)
+  dWs, dP_h, dP_vs = _sums(Ws, hp, vs, previous_steps(v0, vs, 1), dpre, dlog)
   return dWs, dP_h, dP_vs, dpre, dlog, None, dh0, dc0, dv0
 
 

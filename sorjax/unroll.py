@@ -164,18 +164,53 @@ def _batch_major_layer(cell, params, hoist, remat, fused):
   return None
 
 
-def _precompute_rows(cell, params, xs_tm, per_step_tm, scalar):
+def _precompute_rows(cell, params, xs, per_step, scalar):
   """`cell.precompute` of all T steps, run on the T*B tokens as rows
-  ([T*B, D]) and reshaped to [T, B, ...]. Its matmuls then contract one
-  axis in the backward: for x [T, B, D] (two axes, t and b) XLA:CPU
-  transposed the [T, B, N] cotangent before the weight gradient, a pass
-  over it (mrnn B=64 T=100 H=512: 12 ms of ~350)."""
-  T, B = xs_tm.shape[:2]
-  rows = lambda a: a.reshape(T * B, *a.shape[2:])  # noqa: E731
-  out = cell.precompute(params, rows(xs_tm),
-                        **{k: rows(v) for k, v in per_step_tm.items()},
+  ([T*B, D]) and reshaped to xs's two leading axes ([T, B] for the
+  time-major scan, [B, T] for a cell's batch-major layer). Its matmuls
+  then contract one axis in the backward: for x [T, B, D] (two axes, t and
+  b) XLA:CPU transposed the [T, B, N] cotangent before the weight
+  gradient, a pass over it (mrnn B=64 T=100 H=512: 12 ms of ~350)."""
+  N1, N2 = xs.shape[:2]
+  rows = lambda a: a.reshape(N1 * N2, *a.shape[2:])  # noqa: E731
+  out = cell.precompute(params, rows(xs),
+                        **{k: rows(v) for k, v in per_step.items()},
                         **scalar)
-  return jax.tree_util.tree_map(lambda a: a.reshape(T, B, *a.shape[1:]), out)
+  return jax.tree_util.tree_map(lambda a: a.reshape(N1, N2, *a.shape[1:]),
+                                out)
+
+
+def _scan_time_major(cell, params, xs, per_step, scalar, carry, lengths,
+                     hoist, remat, unroll, fused, fused_grad):
+  """The time-major paths of `unroll` (the LSTM layer, the generic fused
+  scan, autodiff of the scan) on batch-major xs; returns (carry, ys
+  [B, T, H])."""
+  T = xs.shape[1]
+  xs_tm = jnp.swapaxes(xs, 0, 1)
+  per_step_tm = {k: jnp.swapaxes(v, 0, 1) for k, v in per_step.items()}
+  if lengths is None:
+    mask_tm = None
+  else:
+    mask_tm = jnp.arange(T, dtype=jnp.int32)[:, None] < lengths[None, :]  # [T, B]
+
+  lstm = _lstm_layer_args(cell, params, hoist, remat, fused_grad)
+  if lstm is not None and T > 0 and not (per_step or scalar):
+    # x W_x + b inside its VJP
+    carry, ys = fused_lstm.lstm_layer(lstm.W_h, lstm.W_x, lstm.b, xs_tm,
+                                      carry, lengths, lstm.forget_bias,
+                                      unroll, name=lstm.name)
+  else:
+    loop = _Loop(cell, hoist, remat, 1 if unroll is None else int(unroll))
+    if hoist:
+      seq, pp = _precompute_rows(cell, params, xs_tm, per_step_tm, scalar), ()
+    else:
+      seq, pp = (xs_tm, per_step_tm), (params, scalar)
+    if fused:
+      W, q = cell.split(params)
+      carry, ys = _fused_scan(loop, W, q, pp, seq, mask_tm, carry)
+    else:
+      carry, ys = _plain_scan(loop, params, pp, seq, mask_tm, carry)
+  return carry, jnp.swapaxes(ys, 0, 1)
 
 
 def _remat_policy(remat):
@@ -450,42 +485,12 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
 
   layer = _batch_major_layer(cell, params, hoist, remat, fused)
   if layer is not None and T > 0:  # batch-major, its own VJP
-    rows = lambda a: a.reshape(B * T, *a.shape[2:])  # noqa: E731
-    xp = jax.tree_util.tree_map(
-        lambda a: a.reshape(B, T, *a.shape[1:]),
-        cell.precompute(params, rows(xs),
-                        **{k: rows(v) for k, v in per_step.items()},
-                        **scalar))
-    carry, ys = layer(xp, carry, lengths, unroll)
-    if reverse:
-      ys = jnp.flip(ys, 1) if lengths is None else _gather_time(ys, idx)
-    return carry, ys
-
-  # Time-major for the scan.
-  xs_tm = jnp.swapaxes(xs, 0, 1)
-  per_step_tm = {k: jnp.swapaxes(v, 0, 1) for k, v in per_step.items()}
-  if lengths is None:
-    mask_tm = None
+    carry, ys = layer(_precompute_rows(cell, params, xs, per_step, scalar),
+                      carry, lengths, unroll)
   else:
-    mask_tm = jnp.arange(T, dtype=jnp.int32)[:, None] < lengths[None, :]  # [T, B]
-
-  lstm = _lstm_layer_args(cell, params, hoist, remat, fused_grad)
-  if lstm is not None and T > 0 and not aux:  # x W_x + b inside its VJP
-    carry, ys = fused_lstm.lstm_layer(lstm.W_h, lstm.W_x, lstm.b, xs_tm,
-                                      carry, lengths, lstm.forget_bias,
-                                      unroll, name=lstm.name)
-  else:
-    loop = _Loop(cell, hoist, remat, 1 if unroll is None else int(unroll))
-    if hoist:
-      seq, pp = _precompute_rows(cell, params, xs_tm, per_step_tm, scalar), ()
-    else:
-      seq, pp = (xs_tm, per_step_tm), (params, scalar)
-    if fused:
-      W, q = cell.split(params)
-      carry, ys = _fused_scan(loop, W, q, pp, seq, mask_tm, carry)
-    else:
-      carry, ys = _plain_scan(loop, params, pp, seq, mask_tm, carry)
-  ys = jnp.swapaxes(ys, 0, 1)
+    carry, ys = _scan_time_major(cell, params, xs, per_step, scalar, carry,
+                                 lengths, hoist, remat, unroll, fused,
+                                 fused_grad)
   if reverse:
     ys = jnp.flip(ys, 1) if lengths is None else _gather_time(ys, idx)
   return carry, ys
