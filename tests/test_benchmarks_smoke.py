@@ -254,16 +254,43 @@ def test_smoke_run_fused_and_remat(tmp_path):
   assert "mrnn [remat=dots, fused_grad=False]" in text
 
 
+def test_smoke_run_cells_keeps_naive_forms_out_of_the_roofline_group(
+    tmp_path):
+  """The cell's roofline group holds the two matmuls, sorjax's cell and its
+  torch loop; its naive form is timed in a second group beside another
+  copy of the cell, which gives the 'vs naive' ratio."""
+  out, raw = tmp_path / "r.md", tmp_path / "r.json"
+  assert run.main(["--smoke", "--no-torch", "--sections", "cells",
+                   "--cells", "mrnn", "--out", str(out), "--json",
+                   str(raw)]) == 0
+  groups = json.loads(raw.read_text())
+  main, beside = _groups(raw)
+  assert set(main) == {"sorjax mrnn", "torch loop mrnn"}
+  assert set(beside) == {"sorjax mrnn", "naive mrnn"}
+  assert groups[0]["roofline_gflops"]["jax"] > 0
+  assert groups[1]["roofline_gflops"]["roofline"] is None
+  assert main["sorjax mrnn"]["fraction"] > 0
+  for label in ("sorjax mrnn", "naive mrnn"):
+    assert beside[label]["error"] is None, beside[label]["error"]
+    assert all(r > 0 for r in beside[label]["rates"])
+  assert main["torch loop mrnn"]["error"].startswith("skipped")
+  (row,) = [ln for ln in out.read_text().splitlines()
+            if ln.startswith("| mrnn |")]
+  vs_naive = row.split("|")[5].strip()
+  assert vs_naive.endswith("x") and float(vs_naive[:-1]) > 0
+
+
 @needs_torch
 def test_smoke_run_with_torch(tmp_path):
   out, raw = tmp_path / "r.md", tmp_path / "r.json"
   assert run.main(["--smoke", "--sections", "cells", "--cells", "mrnn",
                    "--out", str(out), "--json", str(raw)]) == 0
-  (cs,) = _groups(raw)
-  for label in ("sorjax mrnn", "naive mrnn", "torch loop mrnn"):
-    assert cs[label]["error"] is None, cs[label]["error"]
-    assert all(r > 0 for r in cs[label]["rates"])
-    assert cs[label]["info"]["peak_bytes"] > 0
+  cs, beside = _groups(raw)
+  for g, label in ((cs, "sorjax mrnn"), (beside, "naive mrnn"),
+                   (cs, "torch loop mrnn")):
+    assert g[label]["error"] is None, g[label]["error"]
+    assert all(r > 0 for r in g[label]["rates"])
+    assert g[label]["info"]["peak_bytes"] > 0
   groups = json.loads(raw.read_text())
   assert groups[0]["roofline_gflops"]["torch"] > 0
   assert cs["sorjax mrnn"]["fraction"] > 0
