@@ -16,9 +16,11 @@ compiled and warmed up, then timed in R rounds, the order rotating every
 round (A B C, B C A, ...), each timing long enough (`--min-round-seconds`).
 Throughput is the median over rounds; a ratio between two contenders is the
 median of their per-round ratios, so load that drifts during a group
-cancels. Every group also times a 2048^3 f32 matmul in XLA and in torch: the
-roofline of a round is the faster of the two, and "% roofline" is a cell's
-matmul FLOP/s (benchmarks.flops) over it, paired by round. The header also
+cancels. Groups that report "% roofline" also time a 2048^3 f32 matmul in
+XLA and in torch: the roofline of a round is the faster of the two, and
+"% roofline" is a cell's matmul FLOP/s (benchmarks.flops) over it, paired
+by round. Naive forms are timed in groups of their own (their rounds fault
+in gigabytes, which slowed the matmul timed next to them). The header also
 gives the cores' FMA peak (benchmarks.peak): the arithmetic ceiling above
 the roofline. Targets relative to a peer say what they need in roofline
 terms (the target ratio times the peer's fraction): above 100% a target
@@ -77,6 +79,7 @@ class Profile:
   replica_unrolls: tuple   # unroll factors of the replica comparison
   tree: dict               # B, H, min_leaves, max_leaves
   rounds: int
+  warmup_rounds: int       # untimed rounds first (the first ran slow)
   min_round_s: float
   matmul_n: int
   naive_max_step_s: float
@@ -108,7 +111,7 @@ PROFILES = {
         dyck_variants=({}, {"unroll": 1}, {"hoist": False}),
         replica_unrolls=(None, 1),
         tree=dict(B=32, H=256, min_leaves=10, max_leaves=40),
-        rounds=5, min_round_s=0.5, matmul_n=2048, naive_max_step_s=8.0,
+        rounds=5, warmup_rounds=1, min_round_s=0.5, matmul_n=2048, naive_max_step_s=8.0,
         timeout_s=1800.0),
     "quick": Profile(
         lstm_shapes=specs.SHAPES, cell_shapes=((64, 100, 512),),
@@ -123,7 +126,7 @@ PROFILES = {
         dyck_variants=({}, {"unroll": 1}, {"hoist": False}),
         replica_unrolls=(None, 1),
         tree=dict(B=32, H=256, min_leaves=10, max_leaves=40),
-        rounds=3, min_round_s=0.3, matmul_n=2048, naive_max_step_s=3.0,
+        rounds=3, warmup_rounds=1, min_round_s=0.3, matmul_n=2048, naive_max_step_s=3.0,
         timeout_s=900.0),
     "smoke": Profile(  # the test suite's run: seconds, every code path
         lstm_shapes=((2, 5, 8),), cell_shapes=((2, 5, 8),),
@@ -135,7 +138,7 @@ PROFILES = {
         unroll_shapes=(((2, 5, 8), ("lstm",)),), unroll_factors=(1, 2),
         dyck_variants=({},), replica_unrolls=(None,),
         tree=dict(B=2, H=8, min_leaves=3, max_leaves=6),
-        rounds=2, min_round_s=0.0, matmul_n=64, naive_max_step_s=0.0,
+        rounds=2, warmup_rounds=1, min_round_s=0.0, matmul_n=64, naive_max_step_s=0.0,
         timeout_s=300.0),
 }
 
@@ -335,13 +338,16 @@ class Bench:
       live.append(c)
     _note(f"  {', '.join(c.label for c in todo)}: prepared in "
           f"{time.perf_counter() - t0:.0f} s; {p.rounds} rounds")
-    for r in range(p.rounds):
+    # Warm-up rounds are timed and dropped: a group's first round was often
+    # its slowest (session 11: the mRNN at 28.5k, 37.1k, 40.3k tokens/s).
+    for r in range(p.warmup_rounds + p.rounds):
       k = r % max(len(live), 1)
       for c in live[k:] + live[:k]:
         n = iters[c.info["id"]]
         rep = self._call(c, p.timeout_s, cmd="time", id=c.info["id"], n=n)
-        c.rates.append(None if rep is None else
-                       c.info["tokens_per_step"] * n / rep[self.clock])
+        if r >= p.warmup_rounds:
+          c.rates.append(None if rep is None else
+                         c.info["tokens_per_step"] * n / rep[self.clock])
     for c in live:
       self._call(c, 60, cmd="release", id=c.info["id"])
     if self.args.torch_memory:
@@ -900,6 +906,8 @@ def parse_args(argv=None):
                   help="comma-separated cells for the 'cells' and 'fused' "
                        "sections")
   ap.add_argument("--rounds", type=int, default=None)
+  ap.add_argument("--warmup-rounds", type=int, default=None,
+                  help="untimed rounds before them (default 1)")
   ap.add_argument("--min-round-seconds", type=float, default=None)
   ap.add_argument("--mem-budget-gb", type=float, default=4.0,
                   help="largest naive step to execute (default 4 GB)")
@@ -952,6 +960,10 @@ def main(argv=None) -> int:
     if args.rounds < 1:
       raise SystemExit("--rounds must be >= 1")
     over["rounds"] = args.rounds
+  if args.warmup_rounds is not None:
+    if args.warmup_rounds < 0:
+      raise SystemExit("--warmup-rounds must be >= 0")
+    over["warmup_rounds"] = args.warmup_rounds
   if args.min_round_seconds is not None:
     over["min_round_s"] = args.min_round_seconds
   if args.cells:
@@ -977,7 +989,8 @@ def main(argv=None) -> int:
           f"; torch threads {args.torch_threads or len(os.sched_getaffinity(0))}\n"
           f"- load average (1, 5, 15 min) at start: {load0}\n"
           f"- {peak.describe(len(os.sched_getaffinity(0)))}\n"
-          f"- rounds per group: {profile.rounds} (order rotating), >= "
+          f"- rounds per group: {profile.rounds} after "
+          f"{profile.warmup_rounds} untimed (order rotating), >= "
           f"{profile.min_round_s} s per timing; {args.clock} clock; medians; "
           f"ratios are medians of per-round ratios\n"
           + (f"- XLA_FLAGS: `{os.environ['XLA_FLAGS']}`\n"

@@ -7,6 +7,7 @@ skip (with the reason) when torch is not installed: CI installs only the
 `test` extra.
 """
 
+import dataclasses
 import importlib.util
 import json
 
@@ -171,6 +172,36 @@ def test_paired_ratio_and_roofline_fraction():
   a.flops_per_token = 3
   assert g.fraction(a) == pytest.approx(np.median([0.5, 0.6, 0.6]))
   assert a.rate == 200
+
+
+def test_warmup_rounds_are_timed_and_dropped(tmp_path, monkeypatch):
+  """Each contender is timed warmup_rounds + rounds times, in rotating
+  order; only the last `rounds` timings become rates."""
+  args = run.parse_args(["--smoke", "--no-torch"])
+  profile = dataclasses.replace(run.PROFILES["smoke"], rounds=3,
+                                warmup_rounds=2)
+  bench = run.Bench(args, profile, False, tmp_path / "log")
+  calls, clock = [], iter(range(1, 100))
+
+  def fake_call(c, timeout, cmd, **msg):
+    calls.append((cmd, msg.get("id")))
+    if cmd == "prepare":
+      return {"ok": True, "step_s": 0.1, "tokens_per_step": 10}
+    if cmd == "time":  # the k-th timing overall took k seconds
+      return {"ok": True, "seconds": float(next(clock))}
+    return {"ok": True}
+
+  monkeypatch.setattr(bench, "_call", fake_call)
+  a, b = _fake([]), _fake([])
+  bench.group([a, b], roofline=False)
+  times = [i for cmd, i in calls if cmd == "time"]
+  ida, idb = a.info["id"], b.info["id"]
+  assert times == [ida, idb, idb, ida, ida, idb, idb, ida, ida, idb]
+  # timings 5..10 are kept: a took 5, 8, 9 s and b 6, 7, 10 s
+  assert a.rates == [10 / 5, 10 / 8, 10 / 9]
+  assert b.rates == [10 / 6, 10 / 7, 10 / 10]
+  with pytest.raises(SystemExit, match="--warmup-rounds"):
+    run.main(["--smoke", "--warmup-rounds", "-1"])
 
 
 def test_cli_rejects_unknown_sections_and_cells(capsys):
