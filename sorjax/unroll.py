@@ -39,8 +39,9 @@ The LSTM (`lstm`, `mts_lstm`) has a dedicated layer primitive,
 gradients in one hand-written VJP). `unroll` runs it unless fused_grad=False,
 remat or hoist=False asks otherwise (see `_lstm_layer_args`). On the fused
 path `mm_rnn` and `mm_lstm` run `sorjax.fused_mm_rnn`'s layers, whose
-backwards need no saved z_t, and `attention_lstm` and `assignment_lstm` run
-`sorjax.fused_attention_lstm`'s (`_batch_major_layer`).
+backwards need no saved z_t, `attention_lstm` and `assignment_lstm` run
+`sorjax.fused_attention_lstm`'s, and `gru` runs `sorjax.fused_gru`'s
+(`_batch_major_layer`).
 
 Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
 fused_grad=False there.
@@ -57,7 +58,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sorjax import fused_attention_lstm, fused_lstm, fused_mm_rnn
+from sorjax import (fused_attention_lstm, fused_gru, fused_lstm,
+                    fused_mm_rnn)
 
 Array = jax.Array
 
@@ -153,11 +155,12 @@ def _batch_major_layer(cell, params, hoist, remat, fused):
   """A cell's own batch-major layer when unroll should run it: on the
   batched-weight-gradient path (fused), hoisted, without remat. mm_rnn and
   mm_lstm (`fused_mm_rnn`: no saved z_t), attention_lstm and
-  assignment_lstm (`fused_attention_lstm`: activations over gx_t). Returns
-  layer(xp, carry, lengths, unroll) or None."""
+  assignment_lstm (`fused_attention_lstm`: activations over gx_t), gru
+  (`fused_gru`: activations over xp_t). Returns layer(xp, carry, lengths,
+  unroll) or None."""
   if not fused or not hoist or remat is not False:
     return None
-  for module in (fused_mm_rnn, fused_attention_lstm):
+  for module in (fused_mm_rnn, fused_attention_lstm, fused_gru):
     args = module.layer_args(cell, params)
     if args is not None:
       return functools.partial(module.run_layer, args)

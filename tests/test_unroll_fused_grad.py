@@ -387,12 +387,13 @@ def _compiled(f, *args):
 
 @pytest.mark.parametrize("fused", [False, True])
 def test_remat_saves_memory_and_keeps_gradients(fused, fast_compile):
-  # gru, not lstm: with remat=False an lstm takes fused_lstm.lstm_layer, a
-  # different scan from the one remat applies to. Two layers: the fused
-  # backward writes dz_t over the saved z_t, so one layer's peak holds z or
-  # dz either way; what remat=True saves is the residuals of the layers
-  # below while the top one runs backwards.
-  cell = cells.make("gru", hidden_size=32)
+  # mrnn, not lstm or gru: with remat=False those take their own layers
+  # (fused_lstm, fused_gru), different scans from the one remat applies
+  # to. Two layers: the fused backward writes dz_t over the saved z_t, so
+  # one layer's peak holds z or dz either way; what remat=True saves is
+  # the residuals of the layers below (mrnn's h_{t-1}, z_t, m_t, m_t A)
+  # while the top one runs backwards.
+  cell = cells.make("mrnn", hidden_size=32, intermediate_size=32)
   params = (cell.init(jax.random.key(0), 16), cell.init(jax.random.key(2), 32))
   xs = jax.random.normal(jax.random.key(1), (8, 40, 16))
 
