@@ -767,9 +767,9 @@ def section_remat(b: Bench, rep: Report):
 def section_fused(b: Bench, rep: Report):
   rep.add("## Batched weight gradients (fused_grad) vs autodiff\n\nThe "
           "default path of each split cell (dW = sum_t h_{t-1}^T dz_t as one "
-          "matmul after the backward loop; lstm, mts_lstm, gru, mm_rnn, "
-          "mm_lstm, attention_lstm and assignment_lstm run their own layer "
-          "primitives) against JAX's "
+          "matmul after the backward loop; rnn, lstm, mts_lstm, gru, "
+          "mm_rnn, mm_lstm, attention_lstm and assignment_lstm run their "
+          "own layer primitives) against JAX's "
           "autodiff of the scan (fused_grad=False, dW accumulated every "
           "step); fwd + bwd.")
   names = [n for n in (b.args.cells or specs.SPLIT) if n in specs.SPLIT]

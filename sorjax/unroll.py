@@ -40,8 +40,8 @@ gradients in one hand-written VJP). `unroll` runs it unless fused_grad=False,
 remat or hoist=False asks otherwise (see `_lstm_layer_args`). On the fused
 path `mm_rnn` and `mm_lstm` run `sorjax.fused_mm_rnn`'s layers, whose
 backwards need no saved z_t, `attention_lstm` and `assignment_lstm` run
-`sorjax.fused_attention_lstm`'s, and `gru` runs `sorjax.fused_gru`'s
-(`_batch_major_layer`).
+`sorjax.fused_attention_lstm`'s, and `gru` and `rnn` run `sorjax.fused_gru`'s
+and `sorjax.fused_rnn`'s (`_batch_major_layer`).
 
 Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
 fused_grad=False there.
@@ -59,7 +59,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sorjax import (fused_attention_lstm, fused_gru, fused_lstm,
-                    fused_mm_rnn)
+                    fused_mm_rnn, fused_rnn)
 
 Array = jax.Array
 
@@ -156,11 +156,11 @@ def _batch_major_layer(cell, params, hoist, remat, fused):
   batched-weight-gradient path (fused), hoisted, without remat. mm_rnn and
   mm_lstm (`fused_mm_rnn`: no saved z_t), attention_lstm and
   assignment_lstm (`fused_attention_lstm`: activations over gx_t), gru
-  (`fused_gru`: activations over xp_t). Returns layer(xp, carry, lengths,
-  unroll) or None."""
+  (`fused_gru`: activations over xp_t), rnn (`fused_rnn`: h_t over xp_t).
+  Returns layer(xp, carry, lengths, unroll) or None."""
   if not fused or not hoist or remat is not False:
     return None
-  for module in (fused_mm_rnn, fused_attention_lstm, fused_gru):
+  for module in (fused_mm_rnn, fused_attention_lstm, fused_gru, fused_rnn):
     args = module.layer_args(cell, params)
     if args is not None:
       return functools.partial(module.run_layer, args)

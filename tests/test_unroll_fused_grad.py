@@ -294,8 +294,9 @@ def _dots(jaxpr):
           for e in jaxpr.eqns if e.primitive.name == "dot_general"]
 
 
-@pytest.mark.parametrize("key", ["lstm", "gru", "mm_rnn"])
+@pytest.mark.parametrize("key", ["lstm", "gru", "mm_rnn", "mi_rnn"])
 def test_backward_forms_dW_in_one_matmul_not_per_step(key):
+  # mi_rnn runs the generic fused scan; the others their own layers.
   cell, params, xs, carry, faux, iaux = setup(key, dtype=jnp.float32)
   W, _ = cell.split(params)
   w = jnp.ones((B, T, H), jnp.float32)
@@ -321,6 +322,13 @@ def test_backward_forms_dW_in_one_matmul_not_per_step(key):
              and e.params["length"] == cell.num_matrices
              and each in _dots(e.params["jaxpr"].jaxpr)]
     assert len(loops) == 1 and cell.num_matrices != T
+    return
+  if key == "gru":
+    # fused_gru: the r and z columns of dW_h from the precompute's
+    # cotangent, the n columns from the hn buffer, each one product over
+    # all T*B rows (and no [H, 3H] accumulator in the backward scan above).
+    for n in (2 * H, H):
+      assert ((T * B, H), (T * B, n), (H, n)) in _dots(fused)
     return
   # dW = r^T dz over all T*B rows: one dot_general outside every scan
   # (r [T*B, H] by dz [T*B, 4H] for lstm's fused_lstm layer).
