@@ -50,7 +50,7 @@ import jax.numpy as jnp
 from sorjax.cells.attention_lstm import SecondOrderInputs, recurrent_matrix
 from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import (_activation_consts, batch_major_mask,
-                                check_unroll, previous_steps,
+                                check_unroll, previous_steps, row_products,
                                 scan_overwrite)
 
 Array = jax.Array
@@ -171,11 +171,7 @@ def _layer_bwd(unroll, forget_bias, res, cot):
   (dh0, dc0), das, dzs = _back_loop(grad, As, (hp, cs, dys, alpha), mask,
                                     dh_T, dc_T, unroll)
   # dW = sum_t h_{t-1}^T dz_t over all T*B rows, in at least float32.
-  acc = W.dtype if jnp.finfo(W.dtype).bits >= 32 else jnp.float32
-  dW = jnp.einsum("rh,rn->hn", hp.reshape(-1, hp.shape[-1]),
-                  dzs.reshape(-1, dzs.shape[-1]),
-                  preferred_element_type=acc).astype(W.dtype)
-  return dW, dzs, das, None, dh0, dc0
+  return row_products(hp, dzs, W.dtype), dzs, das, None, dh0, dc0
 
 
 _layer.defvjp(_layer_fwd, _layer_bwd)
@@ -239,14 +235,12 @@ def _gates_layer_bwd(unroll, forget_bias, res, cot):
 
   (dh0, dc0), das, dgs = _back_loop(grad, As, (hp, cs, dys, alpha), mask,
                                     dh_T, dc_T, unroll)
-  acc = W.dtype if jnp.finfo(W.dtype).bits >= 32 else jnp.float32
   rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
   hr, ar, dr = rows(hp), rows(alpha), rows(dgs)
 
   def one(k, dW):  # cell k's block: sum_t h_{t-1}^T (alpha_t,k dg_t)
     a_k = jax.lax.dynamic_slice_in_dim(ar, k, 1, axis=1)
-    blk = jnp.einsum("rh,rn->hn", hr, dr * a_k,
-                     preferred_element_type=acc).astype(W.dtype)
+    blk = row_products(hr, dr * a_k, W.dtype)
     return jax.lax.dynamic_update_slice_in_dim(dW, blk, k * 4 * H, axis=1)
 
   dW = jax.lax.fori_loop(0, S, one, jnp.zeros_like(W))

@@ -27,8 +27,8 @@ backwards, time-major):
 
 Measured against the generic path (forward + backward to the params and
 x, two threads, six alternating timings; medians; BUILD_NOTES, "The GRU's
-and the Elman RNN's own VJPs"): 1.55x at B=32 T=100 H=256 and 1.18x at B=64 T=100 H=512, with
-0.64x its temporary memory.
+and the Elman RNN's own VJPs"): 1.55x at B=32 T=100 H=256 and 1.18x at
+B=64 T=100 H=512, with 0.64x its temporary memory.
 
 Forward-mode autodiff (jvp, jacfwd) is not defined through this primitive
 (`jax.custom_vjp`); reverse mode, vmap and jit are.
@@ -43,8 +43,9 @@ import jax
 import jax.numpy as jnp
 
 from sorjax.cells import base
-from sorjax.fused_lstm import (batch_major_mask, check_unroll,
-                               previous_steps, scan_overwrite)
+from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
+                               check_unroll, previous_steps, row_products,
+                               scan_overwrite)
 
 Array = jax.Array
 
@@ -113,13 +114,11 @@ def _layer_bwd(unroll, res, cot):
                                       reverse=True, unroll=unroll, axis=1,
                                       xs_axis=1)
   dtype = W.dtype
+  dW = jnp.concatenate([row_products(hp, dxp[..., :2 * H], dtype),
+                        row_products(hp, dhn, dtype)], -1)
   acc = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
-  rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-  wsum = lambda a, d: jnp.einsum(  # noqa: E731
-      "rh,rn->hn", rows(a), rows(d), preferred_element_type=acc)
-  dW = jnp.concatenate([wsum(hp, dxp[..., :2 * H]), wsum(hp, dhn)], -1)
-  db_hn = jnp.sum(rows(dhn), axis=0, dtype=acc)
-  return dW.astype(dtype), db_hn.astype(dtype), dxp, None, dh0
+  db_hn = jnp.sum(dhn.reshape(-1, H), axis=0, dtype=acc).astype(dtype)
+  return dW, db_hn, dxp, None, dh0
 
 
 _layer.defvjp(_layer_fwd, _layer_bwd)
@@ -169,15 +168,7 @@ def gru_layer(W_h: Array, b_hn: Array, xp: Array, carry: base.HCarry,
   H = W_h.shape[0]
   if b_hn.shape != (H,):
     raise ValueError(f"{where}: b_hn must be [H] = [{H}], got {b_hn.shape}")
-  if xp.ndim != 3 or xp.shape[-1] != 3 * H:
-    raise ValueError(f"{where}: xp must be [B, T, 3H] with H = {H}, got "
-                     f"{xp.shape}")
-  B, T = xp.shape[:2]
-  if T == 0:
-    raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
-  if carry.h.shape != (B, H):
-    raise ValueError(f"{where}: carry.h must be [B, H] = [{B}, {H}], got "
-                     f"{carry.h.shape}")
+  B, T = check_state_layer(where, H, xp, "3H", 3 * H, carry.h)
   check_unroll(where, unroll)
   h, ys = _layer(1 if unroll is None else int(unroll), W_h, b_hn, xp,
                  batch_major_mask(where, lengths, B, T), carry.h)

@@ -408,6 +408,33 @@ def batch_major_mask(where: str, lengths, B: int, T: int):
   return None if valid is None else valid[:, :, None]
 
 
+def check_state_layer(where: str, H: int, xp, width: str, n: int, h):
+  """Checks a batch-major layer's precomputed inputs xp [B, T, n] (`width`
+  spells n in terms of H in the message, e.g. "3H") and its initial state
+  h [B, H]; returns (B, T)."""
+  if xp.ndim != 3 or xp.shape[-1] != n:
+    raise ValueError(f"{where}: xp must be [B, T, {width}] with H = {H}, "
+                     f"got {xp.shape}")
+  B, T = xp.shape[:2]
+  if T == 0:
+    raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
+  if h.shape != (B, H):
+    raise ValueError(f"{where}: carry.h must be [B, H] = [{B}, {H}], got "
+                     f"{h.shape}")
+  return B, T
+
+
+def row_products(a, d, dtype):
+  """sum_r a_r^T d_r over all leading rows of a [..., m] and d [..., n]
+  (the T*B tokens): a weight gradient as one [m, n] matmul, accumulated in
+  at least float32 (a bfloat16 accumulator fails the tests) and returned
+  in dtype."""
+  acc = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
+  return jnp.einsum("rm,rn->mn", a.reshape(-1, a.shape[-1]),
+                    d.reshape(-1, d.shape[-1]),
+                    preferred_element_type=acc).astype(dtype)
+
+
 def previous_steps(first, seq, axis: int):
   """[first, seq_0, .., seq_{T-2}] along `axis` (seq's time axis; first has
   no such axis): the value before each step, h_{t-1} from h_0 and the

@@ -53,7 +53,7 @@ import jax.numpy as jnp
 from sorjax.cells.mm_lstm import MMLSTMCarry, MMLSTMInputs
 from sorjax.cells.mm_rnn import MMRNNCarry, MMRNNInputs, fused_recurrent, mix
 from sorjax.fused_lstm import (batch_major_mask, check_unroll,
-                               previous_steps, scan_overwrite)
+                               previous_steps, row_products, scan_overwrite)
 
 Array = jax.Array
 
@@ -122,10 +122,8 @@ def _sums(Ws, hp, vs, vp, dpre, dlog):
   several (mm_lstm B=64 T=100 H=512: 267 MB of temporaries, 162 MB without
   these products)."""
   dtype = Ws[0].dtype
-  acc = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
   rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-  wsum = lambda a, d: jnp.einsum(  # noqa: E731
-      "rh,rn->hn", a, d, preferred_element_type=acc).astype(dtype)
+  wsum = lambda a, d: row_products(a, d, dtype)  # noqa: E731
   H = hp.shape[-1]
   hr, vr, vpr, dr, dl = rows(hp), rows(vs), rows(vp), rows(dpre), rows(dlog)
   Ks = [W.shape[0] for W in Ws]

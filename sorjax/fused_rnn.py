@@ -30,8 +30,9 @@ import jax
 import jax.numpy as jnp
 
 from sorjax.cells import base
-from sorjax.fused_lstm import (batch_major_mask, check_unroll,
-                               previous_steps, scan_overwrite)
+from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
+                               check_unroll, previous_steps, row_products,
+                               scan_overwrite)
 
 Array = jax.Array
 
@@ -86,12 +87,7 @@ def _layer_bwd(unroll, act, res, cot):
   inputs = (dys,) if mask is None else (dys, mask)
   dh0, _, dxp = scan_overwrite(body, dh_T, ys, inputs, reverse=True,
                                unroll=unroll, axis=1, xs_axis=1)
-  dtype = W.dtype
-  acc = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
-  rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-  dW = jnp.einsum("rh,rn->hn", rows(hp), rows(dxp),
-                  preferred_element_type=acc).astype(dtype)
-  return dW, dxp, None, dh0
+  return row_products(hp, dxp, W.dtype), dxp, None, dh0
 
 
 _layer.defvjp(_layer_fwd, _layer_bwd)
@@ -140,15 +136,7 @@ def rnn_layer(W: Array, xp: Array, carry: base.HCarry,
   if W.ndim != 2 or W.shape[0] != W.shape[1]:
     raise ValueError(f"{where}: W must be [H, H], got shape {W.shape}")
   H = W.shape[0]
-  if xp.ndim != 3 or xp.shape[-1] != H:
-    raise ValueError(f"{where}: xp must be [B, T, H] with H = {H}, got "
-                     f"{xp.shape}")
-  B, T = xp.shape[:2]
-  if T == 0:
-    raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
-  if carry.h.shape != (B, H):
-    raise ValueError(f"{where}: carry.h must be [B, H] = [{B}, {H}], got "
-                     f"{carry.h.shape}")
+  B, T = check_state_layer(where, H, xp, "H", H, carry.h)
   if activation not in _DERIVATIVE:
     raise ValueError(f"{where}: activation must be one of "
                      f"{sorted(_DERIVATIVE)}, got {activation!r}")

@@ -371,18 +371,13 @@ def _fused_bwd(loop, res, cot):
       unroll=loop.unroll)
   dxp = buf["xp"] if loop.hoist else dxp
   dz = buf["z"] if zs is not None else dz
-  acc = W.dtype if jnp.finfo(W.dtype).bits >= 32 else jnp.float32
-  rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
   if Q2 is not None:  # dQ2 = sum_t u_t^T dv_t: one matmul, as dW below
     us, dvs = uv_remat if zs is None else (us, buf["v"])
-    dq = {**dq, cell.second_matmul: jnp.einsum(
-        "rm,rh->mh", rows(us), rows(dvs),
-        preferred_element_type=acc).astype(Q2.dtype)}
+    dq = {**dq, cell.second_matmul: fused_lstm.row_products(us, dvs,
+                                                            Q2.dtype)}
   # dW = sum_t r_{t-1}^T dz_t: one matmul over all T*B rows, summed in at
   # least float32 (autodiff's per-step bfloat16 accumulator rounds T times).
-  r = cell.recurrent_input(carries)
-  dW = jnp.einsum("rh,rn->hn", rows(r), rows(dz),
-                  preferred_element_type=acc).astype(W.dtype)
+  dW = fused_lstm.row_products(cell.recurrent_input(carries), dz, W.dtype)
   if loop.hoist:
     dpp, dseq = (), dxp
   else:  # precompute's VJP, once over all steps

@@ -1,6 +1,7 @@
 """Checks shared by the tests of the cell-specific layer primitives
-(`sorjax.fused_mm_rnn`, `sorjax.fused_attention_lstm`): each runs a cell
-through `sorjax.unroll` on its fused path."""
+(`sorjax.fused_mm_rnn`, `sorjax.fused_attention_lstm`, `sorjax.fused_gru`,
+`sorjax.fused_rnn`): each runs a cell through `sorjax.unroll` on its fused
+path."""
 
 import jax
 import jax.numpy as jnp
@@ -48,3 +49,51 @@ def train_step_temp_bytes(cell, params, xs, G):
     return pull(G)
   return jax.jit(step).lower(params, xs).compile().memory_analysis(
       ).temp_size_in_bytes
+
+
+def assert_every_gradient_matches_autodiff(cell, params, xs, carry, G, **kw):
+  """Through `sorjax.unroll`'s fused path (kw: lengths, reverse, unroll):
+  the gradients to every parameter, the inputs and the initial carry, of
+  a loss on the outputs and the final carry, equal JAX's VJP of the plain
+  scan (fused_grad=False); the values too."""
+  ws = [jnp.asarray(np.random.default_rng(20 + n).standard_normal(a.shape),
+                    a.dtype) for n, a in enumerate(carry)]
+
+  def loss(fused_grad):
+    def f(params, xs, carry):
+      c, ys = sorjax.unroll(cell, params, xs, carry, fused_grad=fused_grad,
+                            **kw)
+      return jnp.sum(ys * G) + sum(jnp.sum(a * w) for a, w in zip(c, ws))
+    return f
+
+  f_new, f_ref = loss(True), loss(False)
+  np.testing.assert_allclose(f_new(params, xs, carry),
+                             f_ref(params, xs, carry), rtol=1e-5)
+  g_new = jax.jit(jax.grad(f_new, (0, 1, 2)))(params, xs, carry)
+  g_ref = dict(jax.tree_util.tree_leaves_with_path(
+      jax.grad(f_ref, (0, 1, 2))(params, xs, carry)))
+  for path, a in jax.tree_util.tree_leaves_with_path(g_new):
+    np.testing.assert_allclose(a, g_ref[path], rtol=2e-5, atol=2e-6,
+                               err_msg=jax.tree_util.keystr(path))
+
+
+def assert_unroll_routes_through(module, cell, params, xs, opts, expected,
+                                 monkeypatch):
+  """`sorjax.unroll(cell, params, xs, **opts)` runs `module.run_layer`
+  exactly when `expected`, and returns what the plain scan does."""
+  calls = []
+  real = module.run_layer
+  monkeypatch.setattr(module, "run_layer",
+                      lambda *a, **k: calls.append(1) or real(*a, **k))
+  _, ys = sorjax.unroll(cell, params, xs, **opts)
+  assert bool(calls) == expected
+  _, ref = sorjax.unroll(cell, params, xs, fused_grad=False)
+  np.testing.assert_allclose(ys, ref, rtol=1e-5, atol=1e-6)
+
+
+def temp_bytes_vs_generic(module, cell, params, xs, G, monkeypatch):
+  """(the training step's temporary bytes on `module`'s layer, the same
+  on the generic fused scan, with `module.layer_args` switched off)."""
+  ours = train_step_temp_bytes(cell, params, xs, G)
+  monkeypatch.setattr(module, "layer_args", lambda cell, params: None)
+  return ours, train_step_temp_bytes(cell, params, xs, G)

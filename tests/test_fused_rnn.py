@@ -61,18 +61,10 @@ def test_matches_numpy_loop_per_example_length(activation, unroll):
     if L == 0:  # no step: the carry is h_0
       np.testing.assert_array_equal(carry.h[b], h0[b])
       continue
-    h, ref = run_numpy(numpy_step(p, activation), np.asarray(h0[b:b + 1], np.float64),
-                       x64[b:b + 1, :L])
+    h, ref = run_numpy(numpy_step(p, activation),
+                       np.asarray(h0[b:b + 1], np.float64), x64[b:b + 1, :L])
     np.testing.assert_allclose(ys[b, :L], ref[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(carry.h[b], h[0], rtol=1e-5, atol=1e-6)
-
-
-def loss(cell, G, w, fused_grad, **kw):
-  def f(params, xs, h0):
-    c, ys = sorjax.unroll(cell, params, xs, HCarry(h0),
-                          fused_grad=fused_grad, **kw)
-    return jnp.sum(ys * G) + jnp.sum(c.h * w)
-  return f
 
 
 @pytest.mark.parametrize("activation", ACTIVATIONS)
@@ -85,18 +77,10 @@ def test_every_gradient_matches_autodiff_of_the_scan(activation, lengths,
   JAX's VJP of the plain scan (fused_grad=False); values too."""
   cell, params = make(activation=activation)
   xs, h0 = normal(2, (B, T, D)), normal(3, (B, H))
-  G, w = normal(5, (B, T, H)), normal(6, (B, H))
-  kw = dict(lengths=None if lengths is None else jnp.array(lengths),
-            reverse=reverse, unroll=unroll)
-  f_new, f_ref = (loss(cell, G, w, fg, **kw) for fg in (True, False))
-  np.testing.assert_allclose(f_new(params, xs, h0), f_ref(params, xs, h0),
-                             rtol=1e-5)
-  g_new = jax.jit(jax.grad(f_new, (0, 1, 2)))(params, xs, h0)
-  g_ref = dict(jax.tree_util.tree_leaves_with_path(
-      jax.grad(f_ref, (0, 1, 2))(params, xs, h0)))
-  for path, a in jax.tree_util.tree_leaves_with_path(g_new):
-    np.testing.assert_allclose(a, g_ref[path], rtol=2e-5, atol=2e-6,
-                               err_msg=jax.tree_util.keystr(path))
+  checks.assert_every_gradient_matches_autodiff(
+      cell, params, xs, HCarry(h0), normal(5, (B, T, H)),
+      lengths=None if lengths is None else jnp.array(lengths),
+      reverse=reverse, unroll=unroll)
 
 
 def test_bfloat16_gradients_close_to_float32():
@@ -119,16 +103,9 @@ def test_unroll_routes_the_rnn_through_its_layer(H_, opts, expected,
                                                  monkeypatch):
   """The fused path (fused_grad=True, or None from H = 128) of a hoisted
   rnn without remat is its layer; its result is what unroll returns."""
-  calls = []
-  real = fr.run_layer
-  monkeypatch.setattr(fr, "run_layer",
-                      lambda *a, **k: calls.append(1) or real(*a, **k))
   cell, params = make(H_=H_)
-  xs = normal(2, (B, T, D))
-  _, ys = sorjax.unroll(cell, params, xs, **opts)
-  assert bool(calls) == expected
-  _, ref = sorjax.unroll(cell, params, xs, fused_grad=False)
-  np.testing.assert_allclose(ys, ref, rtol=1e-5, atol=1e-6)
+  checks.assert_unroll_routes_through(fr, cell, params, normal(2, (B, T, D)),
+                                      opts, expected, monkeypatch)
 
 
 def test_needs_less_memory_than_the_generic_fused_scan(monkeypatch):
@@ -138,9 +115,8 @@ def test_needs_less_memory_than_the_generic_fused_scan(monkeypatch):
   cell = sorjax.cells.make("rnn", hidden_size=64)
   params = random_params(cell, 64, 0)
   xs, G = normal(2, (8, 40, 64)), normal(5, (8, 40, 64))
-  ours = checks.train_step_temp_bytes(cell, params, xs, G)
-  monkeypatch.setattr(fr, "layer_args", lambda cell, params: None)
-  generic = checks.train_step_temp_bytes(cell, params, xs, G)
+  ours, generic = checks.temp_bytes_vs_generic(fr, cell, params, xs, G,
+                                               monkeypatch)
   # 0.74x here, 0.60x at B=32 T=100 H=256 and at B=64 T=100 H=512.
   assert ours <= 0.8 * generic, (ours, generic)
 
