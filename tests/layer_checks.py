@@ -78,16 +78,17 @@ def assert_every_gradient_matches_autodiff(cell, params, xs, carry, G, **kw):
 
 
 def assert_unroll_routes_through(module, cell, params, xs, opts, expected,
-                                 monkeypatch):
-  """`sorjax.unroll(cell, params, xs, **opts)` runs `module.run_layer`
-  exactly when `expected`, and returns what the plain scan does."""
+                                 monkeypatch, **aux):
+  """`sorjax.unroll(cell, params, xs, **opts, **aux)` runs
+  `module.run_layer` exactly when `expected`, and returns what the plain
+  scan does."""
   calls = []
   real = module.run_layer
   monkeypatch.setattr(module, "run_layer",
                       lambda *a, **k: calls.append(1) or real(*a, **k))
-  _, ys = sorjax.unroll(cell, params, xs, **opts)
+  _, ys = sorjax.unroll(cell, params, xs, **opts, **aux)
   assert bool(calls) == expected
-  _, ref = sorjax.unroll(cell, params, xs, fused_grad=False)
+  _, ref = sorjax.unroll(cell, params, xs, fused_grad=False, **aux)
   np.testing.assert_allclose(ys, ref, rtol=1e-5, atol=1e-6)
 
 

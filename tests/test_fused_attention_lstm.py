@@ -106,26 +106,11 @@ def test_every_gradient_matches_autodiff_of_the_scan(kind, lengths, reverse,
   forget bias set), the inputs and the initial carry equal JAX's VJP of the
   plain scan (fused_grad=False); values too."""
   cell, params, xs = make_kind(kind)
-  carry = LSTMCarry(normal(3, (B, H)), normal(4, (B, H)))
-  G, wh, wc = normal(5, (B, T, H)), normal(6, (B, H)), normal(7, (B, H))
-  kw = dict(lengths=None if lengths is None else jnp.array(lengths),
-            reverse=reverse, unroll=unroll, **aux_of(kind, per_token=True))
-
-  def loss(fused_grad):
-    def f(params, xs, carry):
-      c, ys = sorjax.unroll(cell, params, xs, carry, fused_grad=fused_grad,
-                            **kw)
-      return jnp.sum(ys * G) + jnp.sum(c.h * wh) + jnp.sum(c.c * wc)
-    return f
-
-  np.testing.assert_allclose(loss(True)(params, xs, carry),
-                             loss(False)(params, xs, carry), rtol=1e-5)
-  g_new = jax.jit(jax.grad(loss(True), (0, 1, 2)))(params, xs, carry)
-  g_ref = dict(jax.tree_util.tree_leaves_with_path(
-      jax.grad(loss(False), (0, 1, 2))(params, xs, carry)))
-  for path, a in jax.tree_util.tree_leaves_with_path(g_new):
-    np.testing.assert_allclose(a, g_ref[path], rtol=2e-5, atol=2e-6,
-                               err_msg=jax.tree_util.keystr(path))
+  checks.assert_every_gradient_matches_autodiff(
+      cell, params, xs, LSTMCarry(normal(3, (B, H)), normal(4, (B, H))),
+      normal(5, (B, T, H)),
+      lengths=None if lengths is None else jnp.array(lengths),
+      reverse=reverse, unroll=unroll, **aux_of(kind, per_token=True))
 
 
 @pytest.mark.parametrize("mix", ["states", "gates"])
@@ -153,22 +138,15 @@ def test_unroll_routes_the_cells_through_the_layer(kind, H_, opts, expected,
   """The fused path (fused_grad=True, or None from H = 128) of a hoisted
   attention_lstm (either mix) or assignment_lstm without remat is the
   layer; the result is what unroll returns."""
-  calls = []
-  real = fa.run_layer
-  monkeypatch.setattr(fa, "run_layer",
-                      lambda *a, **k: calls.append(1) or real(*a, **k))
   cell = (sorjax.cells.make("assignment_lstm", hidden_size=H_, num_cells=2)
           if kind == "assignment" else
           sorjax.cells.make("attention_lstm", hidden_size=H_, num_cells=2,
                             mix=kind))
-  params = cell.init(jax.random.key(0), D)
-  xs = normal(2, (B, T, D))
   aux = ({"assignment": jnp.asarray([[0, 1, 1, 0], [1, 1, 0, 0]])}
          if kind == "assignment" else {})
-  _, ys = sorjax.unroll(cell, params, xs, **opts, **aux)
-  assert bool(calls) == expected
-  _, ref = sorjax.unroll(cell, params, xs, fused_grad=False, **aux)
-  np.testing.assert_allclose(ys, ref, rtol=1e-5, atol=1e-6)
+  checks.assert_unroll_routes_through(
+      fa, cell, cell.init(jax.random.key(0), D), normal(2, (B, T, D)), opts,
+      expected, monkeypatch, **aux)
 
 
 @pytest.mark.parametrize("mix,bound", [("states", 0.8), ("gates", 0.9)])
@@ -181,9 +159,8 @@ def test_needs_less_memory_than_the_generic_fused_scan(mix, bound,
                            mix=mix)
   params = cell.init(jax.random.key(0), D)
   xs, G = normal(2, (8, 40, D)), normal(5, (8, 40, 64))
-  ours = checks.train_step_temp_bytes(cell, params, xs, G)
-  monkeypatch.setattr(fa, "layer_args", lambda cell, params: None)
-  generic = checks.train_step_temp_bytes(cell, params, xs, G)
+  ours, generic = checks.temp_bytes_vs_generic(fa, cell, params, xs, G,
+                                               monkeypatch)
   # states 0.72x here, 0.64x at B=32 T=100 H=256 and B=64 T=100 H=512;
   # gates 0.84x here, 0.82x at the latter (its precompute's [T*B, S*4H]
   # gates, before the alpha mixture, weigh on both paths; BUILD_NOTES).

@@ -102,13 +102,6 @@ def random_carry(name, cell, params):
   return MMLSTMCarry(normal(3, (B, H)), normal(4, (B, H)), *vs)
 
 
-def loss(cell, G, ws, fused_grad, **kw):
-  def f(params, xs, carry):
-    c, ys = sorjax.unroll(cell, params, xs, carry, fused_grad=fused_grad, **kw)
-    return jnp.sum(ys * G) + sum(jnp.sum(a * w) for a, w in zip(c, ws))
-  return f
-
-
 @pytest.mark.parametrize("name", sorted(CELLS))
 @pytest.mark.parametrize("lengths", [None, (6, 3, 0)])
 @pytest.mark.parametrize("reverse", [False, True])
@@ -118,21 +111,11 @@ def test_every_gradient_matches_autodiff_of_the_scan(name, lengths, reverse,
   """Gradients to every parameter, the inputs and the initial carry equal
   JAX's VJP of the plain scan (fused_grad=False); values too."""
   cell, params = make(name)
-  xs = normal(2, (B, T, D))
-  carry = random_carry(name, cell, params)
-  G = normal(5, (B, T, H))
-  ws = [normal(20 + n, a.shape) for n, a in enumerate(carry)]
-  kw = dict(lengths=None if lengths is None else jnp.array(lengths),
-            reverse=reverse, unroll=unroll)
-  f_new, f_ref = (loss(cell, G, ws, fg, **kw) for fg in (True, False))
-  np.testing.assert_allclose(f_new(params, xs, carry),
-                             f_ref(params, xs, carry), rtol=1e-5)
-  g_new = jax.jit(jax.grad(f_new, (0, 1, 2)))(params, xs, carry)
-  g_ref = dict(jax.tree_util.tree_leaves_with_path(
-      jax.grad(f_ref, (0, 1, 2))(params, xs, carry)))
-  for path, a in jax.tree_util.tree_leaves_with_path(g_new):
-    np.testing.assert_allclose(a, g_ref[path], rtol=2e-5, atol=2e-6,
-                               err_msg=jax.tree_util.keystr(path))
+  checks.assert_every_gradient_matches_autodiff(
+      cell, params, normal(2, (B, T, D)), random_carry(name, cell, params),
+      normal(5, (B, T, H)),
+      lengths=None if lengths is None else jnp.array(lengths),
+      reverse=reverse, unroll=unroll)
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))
@@ -159,16 +142,9 @@ def test_unroll_routes_the_cells_through_their_layer(name, H_, opts,
   """The fused path (fused_grad=True, or None from H = 128) of a hoisted
   mm_rnn / mm_lstm without remat is its layer here; its result is what
   unroll returns."""
-  calls = []
-  real = fm.run_layer
-  monkeypatch.setattr(fm, "run_layer",
-                      lambda *a, **k: calls.append(1) or real(*a, **k))
   cell, params = make(name, H_=H_)
-  xs = normal(2, (B, T, D))
-  _, ys = sorjax.unroll(cell, params, xs, **opts)
-  assert bool(calls) == expected
-  _, ref = sorjax.unroll(cell, params, xs, fused_grad=False)
-  np.testing.assert_allclose(ys, ref, rtol=1e-5, atol=1e-6)
+  checks.assert_unroll_routes_through(fm, cell, params, normal(2, (B, T, D)),
+                                      opts, expected, monkeypatch)
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))
@@ -179,9 +155,8 @@ def test_needs_less_memory_than_the_generic_fused_scan(name,
   those of the generic fused scan (XLA's own figures, deterministic)."""
   cell, params = make(name, H_=64)
   xs, G = normal(2, (8, 40, D)), normal(5, (8, 40, 64))
-  ours = checks.train_step_temp_bytes(cell, params, xs, G)
-  monkeypatch.setattr(fm, "layer_args", lambda cell, params: None)
-  generic = checks.train_step_temp_bytes(cell, params, xs, G)
+  ours, generic = checks.temp_bytes_vs_generic(fm, cell, params, xs, G,
+                                               monkeypatch)
   # 0.63x (mm_rnn), 0.71x (mm_lstm) here; 0.48-0.50x at the benchmark
   # shapes (BUILD_NOTES).
   assert ours <= 0.8 * generic, (ours, generic)
