@@ -45,7 +45,7 @@ import jax.numpy as jnp
 from sorjax.cells import base
 from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
                                check_unroll, previous_steps, row_products,
-                               scan_overwrite)
+                               scan_overwrite, sum_dtype)
 
 Array = jax.Array
 
@@ -116,8 +116,8 @@ def _layer_bwd(unroll, res, cot):
   dtype = W.dtype
   dW = jnp.concatenate([row_products(hp, dxp[..., :2 * H], dtype),
                         row_products(hp, dhn, dtype)], -1)
-  acc = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
-  db_hn = jnp.sum(dhn.reshape(-1, H), axis=0, dtype=acc).astype(dtype)
+  db_hn = jnp.sum(dhn.reshape(-1, H), axis=0,
+                  dtype=sum_dtype(dtype)).astype(dtype)
   return dW, db_hn, dxp, None, dh0
 
 

@@ -330,7 +330,7 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
                                       axis=1 if tr else 0)
   hprev = previous_steps(h0, ys2, 0)  # h_{t-1}, the carry before step t
   # Sums over all T*B rows, accumulated in at least float32.
-  acc = W_h.dtype if jnp.finfo(W_h.dtype).bits >= 32 else jnp.float32
+  acc = sum_dtype(W_h.dtype)
   wsum = lambda spec, a, d: jnp.einsum(  # noqa: E731
       spec, a, d, preferred_element_type=acc).astype(W_h.dtype)
   if tr:
@@ -349,13 +349,12 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
     return dW_h, dW_x, db, dxs, None, dh0.T, dc0.T
   # The weight sums contract ONE axis of T*B rows: contracting (t, b) as two
   # axes, XLA:CPU transposed dz to [B, T, 4H] first (a pass over it).
-  rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
-  dW_h = wsum("kh,kn->hn", rows(hprev), rows(dzs))  # sum_t h_{t-1}^T dz_t
+  dW_h = row_products(hprev, dzs, W_h.dtype)  # sum_t h_{t-1}^T dz_t
   db = jnp.sum(dzs, axis=(0, 1), dtype=acc).astype(W_h.dtype)
   if W_x is None:
     dW_x, dxs = None, dzs
   else:  # through x_t W_x, one matmul each
-    dW_x = wsum("kd,kn->dn", rows(x_in), rows(dzs))
+    dW_x = row_products(x_in, dzs, W_h.dtype)
     dxs = jnp.einsum("tbn,dn->tbd", dzs, W_x)
   return dW_h, dW_x, db, dxs, None, dh0, dc0  # no cotangent for the mask
 
@@ -389,16 +388,24 @@ def lstm_args(cell, params) -> LSTMArgs | None:
   return None
 
 
-def _valid_steps(where: str, lengths, B: int, T: int):
-  """The valid steps of `lengths` [B] as a bool [B, T] (None for None)."""
+def check_lengths(where: str, lengths, B: int):
+  """`lengths` as an int32 [B] array (None for None); a ValueError naming
+  it otherwise."""
   if lengths is None:
     return None
   lengths = jnp.asarray(lengths)
   if lengths.shape != (B,):
     raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
                      f"{lengths.shape}")
-  return (jnp.arange(T, dtype=jnp.int32)[None, :]
-          < lengths.astype(jnp.int32)[:, None])
+  return lengths.astype(jnp.int32)
+
+
+def _valid_steps(where: str, lengths, B: int, T: int):
+  """The valid steps of `lengths` [B] as a bool [B, T] (None for None)."""
+  lengths = check_lengths(where, lengths, B)
+  if lengths is None:
+    return None
+  return jnp.arange(T, dtype=jnp.int32)[None, :] < lengths[:, None]
 
 
 def batch_major_mask(where: str, lengths, B: int, T: int):
@@ -424,15 +431,20 @@ def check_state_layer(where: str, H: int, xp, width: str, n: int, h):
   return B, T
 
 
+def sum_dtype(dtype):
+  """The dtype the layers accumulate weight and bias sums over T*B rows
+  in: dtype itself from 32 bits, else float32 (a bfloat16 accumulator
+  fails the tests)."""
+  return dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
+
+
 def row_products(a, d, dtype):
   """sum_r a_r^T d_r over all leading rows of a [..., m] and d [..., n]
   (the T*B tokens): a weight gradient as one [m, n] matmul, accumulated in
-  at least float32 (a bfloat16 accumulator fails the tests) and returned
-  in dtype."""
-  acc = dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
+  `sum_dtype(dtype)` and returned in dtype."""
   return jnp.einsum("rm,rn->mn", a.reshape(-1, a.shape[-1]),
                     d.reshape(-1, d.shape[-1]),
-                    preferred_element_type=acc).astype(dtype)
+                    preferred_element_type=sum_dtype(dtype)).astype(dtype)
 
 
 def previous_steps(first, seq, axis: int):

@@ -463,12 +463,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
         f"recurrent_input, post); {type(cell).__name__} has none")
   B, T, _ = xs.shape
   per_step, scalar = _split_aux(aux, B, T)
-  if lengths is not None:
-    lengths = jnp.asarray(lengths)
-    if lengths.shape != (B,):
-      raise ValueError(
-          f"unroll: lengths must have shape [B] = [{B}], got {lengths.shape}")
-    lengths = lengths.astype(jnp.int32)
+  lengths = fused_lstm.check_lengths("unroll", lengths, B)
   if carry is None:
     carry = cell.initial_carry(params, (B,))
 

@@ -77,6 +77,15 @@ def assert_every_gradient_matches_autodiff(cell, params, xs, carry, G, **kw):
                                err_msg=jax.tree_util.keystr(path))
 
 
+# (hidden size, unroll options, whether the cell's own layer runs): the
+# fused path (fused_grad=True, or None from H = 128), hoisted, without remat.
+ROUTES = [
+    (128, {}, True), (16, dict(fused_grad=True), True),
+    (16, {}, False), (128, dict(fused_grad=False), False),
+    (128, dict(hoist=False), False), (128, dict(remat=True), False),
+    (128, dict(remat="dots"), False)]
+
+
 def assert_unroll_routes_through(module, cell, params, xs, opts, expected,
                                  monkeypatch, **aux):
   """`sorjax.unroll(cell, params, xs, **opts, **aux)` runs

@@ -129,10 +129,7 @@ def test_vmap_over_replicas_equals_each_replica(mix):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("H_,opts,expected", [
-    (128, {}, True), (16, dict(fused_grad=True), True),
-    (16, {}, False), (128, dict(fused_grad=False), False),
-    (128, dict(hoist=False), False), (128, dict(remat=True), False)])
+@pytest.mark.parametrize("H_,opts,expected", checks.ROUTES)
 def test_unroll_routes_the_cells_through_the_layer(kind, H_, opts, expected,
                                                    monkeypatch):
   """The fused path (fused_grad=True, or None from H = 128) of a hoisted

@@ -94,11 +94,7 @@ def test_vmap_over_replicas_equals_each_replica():
                                          normal(5, (B, T, H)))
 
 
-@pytest.mark.parametrize("H_,opts,expected", [
-    (128, {}, True), (16, dict(fused_grad=True), True),
-    (16, {}, False), (128, dict(fused_grad=False), False),
-    (128, dict(hoist=False), False), (128, dict(remat=True), False),
-    (128, dict(remat="dots"), False)])
+@pytest.mark.parametrize("H_,opts,expected", checks.ROUTES)
 def test_unroll_routes_the_rnn_through_its_layer(H_, opts, expected,
                                                  monkeypatch):
   """The fused path (fused_grad=True, or None from H = 128) of a hoisted
