@@ -415,13 +415,15 @@ def batch_major_mask(where: str, lengths, B: int, T: int):
   return None if valid is None else valid[:, :, None]
 
 
-def check_state_layer(where: str, H: int, xp, width: str, n: int, h):
-  """Checks a batch-major layer's precomputed inputs xp [B, T, n] (`width`
-  spells n in terms of H in the message, e.g. "3H") and its initial state
-  h [B, H]; returns (B, T)."""
+def check_state_layer(where: str, H: int, xp, width: str, n: int, h,
+                      name: str = "xp", sizes: str | None = None):
+  """Checks a batch-major layer's inputs xp [B, T, n] (named `name` in the
+  message, where `width` spells n, e.g. "3H", and `sizes` gives the sizes
+  it uses, by default "H = ..") and its initial state h [B, H]; returns
+  (B, T)."""
   if xp.ndim != 3 or xp.shape[-1] != n:
-    raise ValueError(f"{where}: xp must be [B, T, {width}] with H = {H}, "
-                     f"got {xp.shape}")
+    raise ValueError(f"{where}: {name} must be [B, T, {width}] with "
+                     f"{sizes or f'H = {H}'}, got {xp.shape}")
   B, T = xp.shape[:2]
   if T == 0:
     raise ValueError(f"{where}: the inputs have no time steps (T = 0)")

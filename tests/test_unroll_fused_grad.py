@@ -54,10 +54,11 @@ def test_every_cell_but_dyck_rnn_has_a_split_step():
     ("gru", 127, False, False), ("lstm", 12, False, True),
     ("lstm", 128, True, False),
     ("lstm", 128, "dots", False), ("mlstm", 128, False, True),
-    ("tensor_rnn", 128, False, False)])
+    ("tensor_rnn", 12, False, True), ("tensor_rnn", 128, True, False)])
 def test_default_path_per_cell_size_and_remat(key, H_, remat, fused):
   """fused_grad=None: the custom-VJP scan from hidden size 128 on without
-  remat, unless the cell opts out; lstm's layer primitive at every size."""
+  remat, unless the cell opts out; lstm's and tensor_rnn's layer
+  primitives at every size."""
   cell = cells.make(key, **dict(CONFIGS[key], hidden_size=H_))
   params = jax.eval_shape(lambda k: cell.init(k, D), jax.random.key(0))
   xs = jax.ShapeDtypeStruct((B, T, D), jnp.float32)

@@ -11,7 +11,8 @@ itself, so this cell is exempt from the no-[B, H, H] rule; it still never
 forms W_hh(x). The step contracts h first, with every [H, H] block of A at
 once: one matmul of h_{t-1} with A laid out as [H, D*H] (`split`;
 `sorjax.unroll` transposes A once, outside the loop), D*B*H*H multiply-adds,
-then sums the D blocks weighted by x_t (D*B*H). Forming x . A first costs
+then sums the D blocks weighted by x_t (D*B*H). `sorjax.fused_tensor_rnn`
+runs the same step with a backward of its own. Forming x . A first costs
 the same D*B*H*H plus B*H*H for the matvec, and holds a [B, H, H] array per
 step ([T, B, H, H] if hoisted).
 """
@@ -32,9 +33,11 @@ class TensorRNN:
   hidden_size: int
   activation: str = "tanh"
 
-  # sorjax.unroll's batched-dW path stacks dz_t [T, B, D*H] (and saves z_t):
-  # per core at D = 32, 1.06-1.4x autodiff's speed for 4.8x its memory (1.6x
-  # when xs need gradients too), so it is opt-in here (fused_grad=True).
+  # Hoisted (the default), sorjax.unroll runs `sorjax.fused_tensor_rnn`'s
+  # layer at every size. Unhoisted, its generic batched-dW path stacks dz_t
+  # [T, B, D*H] (and saves z_t): per core at D = 32, 1.06-1.4x autodiff's
+  # speed for 4.8x its memory (1.6x when xs need gradients too), so that
+  # one is opt-in (fused_grad=True).
   fused_grad_default: ClassVar[bool] = False
 
   def __post_init__(self):

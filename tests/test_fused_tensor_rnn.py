@@ -1,0 +1,162 @@
+"""sorjax.fused_tensor_rnn against a NumPy loop of eq. 5 for both
+activations (values, final carry, masking by lengths); against JAX's
+autodiff of the plain scan (every gradient, with lengths, reverse, unroll
+and a given carry; bfloat16; vmap); unroll's routing to it at every size;
+its memory against autodiff, the path it replaced; and its argument
+checks."""
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sorjax
+from sorjax.cells.base import HCarry
+from sorjax.fused_tensor_rnn import layer_args, run_layer, tensor_rnn_layer
+from tests import layer_checks as checks
+from tests.cells.reference import normal, np_params, random_params, run_numpy
+
+ft = importlib.import_module("sorjax.fused_tensor_rnn")
+
+B, T, D, H = 3, 6, 2, 5
+PHI = {"tanh": np.tanh, "identity": lambda z: z}
+
+
+def make(H_=H, seed=0, activation="tanh", D_=D):
+  cell = sorjax.cells.make("tensor_rnn", hidden_size=H_,
+                           activation=activation)
+  return cell, random_params(cell, D_, seed)  # b off zero too
+
+
+def numpy_step(p, act):
+  def step(h, x):  # eq. 5: h_t[j] = phi(sum_{d,i} x[d] h[i] A[d, i, j] + b[j])
+    h = PHI[act](np.einsum("bd,bi,dij->bj", x, h, p["A"]) + p["b"])
+    return h, h
+  return step
+
+
+@pytest.mark.parametrize("activation", ["tanh", "identity"])
+@pytest.mark.parametrize("unroll", [None, 4])
+def test_matches_numpy_loop_per_example_length(activation, unroll):
+  """Example b runs lengths[b] steps of eq. 5 from its own h_0: its outputs
+  there, zeros after, and the carry of its last step."""
+  cell, params = make(activation=activation)
+  xs, h0 = normal(1, (B, T, D)), normal(3, (B, H))
+  lengths = np.array([6, 2, 0])
+  carry, ys = jax.jit(lambda p, x, h: run_layer(
+      layer_args(cell, p), x, HCarry(h), jnp.asarray(lengths), unroll))(
+          params, xs, h0)
+  p, x64 = np_params(params), np.asarray(xs, np.float64)
+  for b, L in enumerate(lengths):
+    np.testing.assert_array_equal(ys[b, L:], 0)
+    if L == 0:  # no step: the carry is h_0
+      np.testing.assert_array_equal(carry.h[b], h0[b])
+      continue
+    h, ref = run_numpy(numpy_step(p, activation),
+                       np.asarray(h0[b:b + 1], np.float64), x64[b:b + 1, :L])
+    assert np.abs(ref).max() > 0.1
+    np.testing.assert_allclose(ys[b, :L], ref[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(carry.h[b], h[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("activation", ["tanh", "identity"])
+@pytest.mark.parametrize("lengths", [None, (6, 3, 0)])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("unroll", [None, 4])
+def test_every_gradient_matches_autodiff_of_the_scan(activation, lengths,
+                                                     reverse, unroll):
+  """Gradients to A, b, the inputs and the initial carry equal JAX's VJP
+  of the plain scan (fused_grad=False); values too."""
+  cell, params = make(activation=activation)
+  xs, h0 = normal(2, (B, T, D)), normal(3, (B, H))
+  checks.assert_every_gradient_matches_autodiff(
+      cell, params, xs, HCarry(h0), normal(5, (B, T, H)),
+      lengths=None if lengths is None else jnp.array(lengths),
+      reverse=reverse, unroll=unroll)
+
+
+def test_bfloat16_gradients_close_to_float32():
+  cell, params = make(H_=16)
+  checks.assert_bfloat16_grads_close(cell, params, normal(2, (B, T, D)),
+                                     normal(5, (B, T, 16)))
+
+
+def test_vmap_over_replicas_equals_each_replica():
+  checks.assert_vmap_equals_each_replica(make()[0], D, normal(2, (B, T, D)),
+                                         normal(5, (B, T, H)))
+
+
+@pytest.mark.parametrize("H_,opts,expected", [
+    (12, {}, True), (128, {}, True), (12, dict(fused_grad=True), True),
+    (12, dict(fused_grad=False), False), (12, dict(remat=True), False),
+    (12, dict(remat="dots"), False), (12, dict(hoist=False), False),
+    (12, dict(hoist=False, fused_grad=True), False)])
+def test_unroll_routes_tensor_rnn_through_its_layer_at_every_size(
+    H_, opts, expected, monkeypatch):
+  """Hoisted, without remat and unless fused_grad=False, tensor_rnn runs
+  its layer at every size (as the LSTM); its result is what unroll
+  returns."""
+  cell, params = make(H_=H_)
+  checks.assert_unroll_routes_through(ft, cell, params, normal(2, (B, T, D)),
+                                      opts, expected, monkeypatch)
+
+
+def test_hoist_false_keeps_autodiff_unless_fused_grad_is_asked_for():
+  """Unhoisted, the generic fused path (which stacks dz_t [T, B, D*H]) stays
+  opt-in: the default is JAX's autodiff, with no custom VJP."""
+  cell, params = make(H_=128)
+  xs = jax.ShapeDtypeStruct((B, T, D), jnp.float32)
+  for fused_grad, custom in ((None, False), (True, True)):
+    eqns = jax.make_jaxpr(lambda p, x: sorjax.unroll(
+        cell, p, x, hoist=False, fused_grad=fused_grad))(params, xs).eqns
+    assert any(e.primitive.name.startswith("custom_vjp")
+               for e in eqns) == custom
+
+
+def test_needs_less_memory_than_autodiff_of_the_scan():
+  """No saved h_{t-1} A [T, B, D*H] and no per-step dA accumulator: the
+  compiled training step's temporaries are a fraction of autodiff's
+  (XLA's own figures, deterministic)."""
+  cell, params = make(H_=64, D_=8)
+  xs, G = normal(2, (8, 40, 8)), normal(5, (8, 40, 64))
+
+  def temp_bytes(fused_grad):
+    def step(p, x):
+      _, pull = jax.vjp(lambda p, x: sorjax.unroll(
+          cell, p, x, fused_grad=fused_grad)[1], p, x)
+      return pull(G)
+    return jax.jit(step).lower(params, xs).compile().memory_analysis(
+        ).temp_size_in_bytes
+
+  ours, autodiff = temp_bytes(None), temp_bytes(False)
+  # 0.10-0.16x at D = 32 from H = 16 to 1024 (BUILD_NOTES).
+  assert ours <= 0.5 * autodiff, (ours, autodiff)
+
+
+def test_argument_checks_name_the_argument():
+  cell, params = make()
+  A, b = params["A"], params["b"]
+  xs = jnp.zeros((B, T, D))
+  c = cell.initial_carry(params, (B,))
+  with pytest.raises(ValueError, match=r"A must be \[D, H, H\], got shape "
+                     r"\(2, 5, 4\)"):
+    tensor_rnn_layer(A[..., :4], b, xs, c)
+  with pytest.raises(ValueError, match=r"b must be \[H\] = \[5\], got \(4,\)"):
+    tensor_rnn_layer(A, b[:4], xs, c)
+  with pytest.raises(ValueError, match=r"xs must be \[B, T, D\] with D = 2, "
+                     r"got \(3, 6, 3\)"):
+    tensor_rnn_layer(A, b, jnp.zeros((B, T, 3)), c)
+  with pytest.raises(ValueError, match=r"carry.h must be \[B, H\] = \[3, 5\]"):
+    tensor_rnn_layer(A, b, xs, HCarry(c.h[:2]))
+  with pytest.raises(ValueError, match=r"lengths must have shape \[B\] = \[3\]"):
+    tensor_rnn_layer(A, b, xs, c, lengths=jnp.array([1, 2]))
+  with pytest.raises(ValueError, match="no time steps"):
+    tensor_rnn_layer(A, b, xs[:, :0], c)
+  with pytest.raises(ValueError, match="unroll must be None or a positive int"):
+    tensor_rnn_layer(A, b, xs, c, unroll=0)
+  with pytest.raises(ValueError, match="activation must be one of "
+                     r"\['identity', 'tanh'\], got 'relu'"):
+    tensor_rnn_layer(A, b, xs, c, activation="relu")
+  assert layer_args(sorjax.cells.make("rnn", hidden_size=H), {}) is None
