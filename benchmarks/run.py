@@ -768,8 +768,8 @@ def section_fused(b: Bench, rep: Report):
   rep.add("## Batched weight gradients (fused_grad) vs autodiff\n\nThe "
           "default path of each split cell (dW = sum_t h_{t-1}^T dz_t as one "
           "matmul after the backward loop; rnn, lstm, mts_lstm, gru, "
-          "mm_rnn, mm_lstm, attention_lstm, assignment_lstm and tensor_rnn "
-          "run their own layer primitives) against JAX's "
+          "mlstm, mm_rnn, mm_lstm, attention_lstm, assignment_lstm and "
+          "tensor_rnn run their own layer primitives) against JAX's "
           "autodiff of the scan (fused_grad=False, dW accumulated every "
           "step); fwd + bwd.")
   names = [n for n in (b.args.cells or specs.SPLIT) if n in specs.SPLIT]

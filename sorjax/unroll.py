@@ -42,8 +42,9 @@ remat or hoist=False asks otherwise (see `_lstm_layer_args`), and the same
 for `tensor_rnn` and `sorjax.fused_tensor_rnn`'s layer. On the fused
 path `mm_rnn` and `mm_lstm` run `sorjax.fused_mm_rnn`'s layers, whose
 backwards need no saved z_t, `attention_lstm` and `assignment_lstm` run
-`sorjax.fused_attention_lstm`'s, and `gru` and `rnn` run `sorjax.fused_gru`'s
-and `sorjax.fused_rnn`'s (`_batch_major_layer`).
+`sorjax.fused_attention_lstm`'s, `mlstm` `sorjax.fused_mlstm`'s, and `gru`
+and `rnn` run `sorjax.fused_gru`'s and `sorjax.fused_rnn`'s
+(`_batch_major_layer`).
 
 Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
 fused_grad=False there.
@@ -61,7 +62,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sorjax import (fused_attention_lstm, fused_gru, fused_lstm,
-                    fused_mm_rnn, fused_rnn, fused_tensor_rnn)
+                    fused_mlstm, fused_mm_rnn, fused_rnn, fused_tensor_rnn)
 
 Array = jax.Array
 
@@ -160,14 +161,16 @@ def _batch_major_layer(cell, params, hoist, remat, fused_grad, fused):
   measured 1.3-1.9x autodiff from H = 16 to 1024 with a sixth or less of
   its temporary memory. The others on the batched-weight-gradient path (fused):
   mm_rnn and mm_lstm (`fused_mm_rnn`: no saved z_t), attention_lstm and
-  assignment_lstm (`fused_attention_lstm`: activations over gx_t), gru
-  (`fused_gru`: activations over xp_t), rnn (`fused_rnn`: h_t over xp_t).
+  assignment_lstm (`fused_attention_lstm`: activations over gx_t), mlstm
+  (`fused_mlstm`: activations over gx_t), gru (`fused_gru`: activations
+  over xp_t), rnn (`fused_rnn`: h_t over xp_t).
   Returns layer(xp, carry, lengths, unroll) or None."""
   if fused_grad is False or not hoist or remat is not False:
     return None
   modules = (fused_tensor_rnn,)
   if fused:
-    modules += (fused_mm_rnn, fused_attention_lstm, fused_gru, fused_rnn)
+    modules += (fused_mm_rnn, fused_attention_lstm, fused_mlstm, fused_gru,
+                fused_rnn)
   for module in modules:
     args = module.layer_args(cell, params)
     if args is not None:

@@ -1,7 +1,7 @@
 """Checks shared by the tests of the cell-specific layer primitives
-(`sorjax.fused_mm_rnn`, `sorjax.fused_attention_lstm`, `sorjax.fused_gru`,
-`sorjax.fused_rnn`, `sorjax.fused_tensor_rnn`): each runs a cell through
-`sorjax.unroll` on its fused path."""
+(`sorjax.fused_mm_rnn`, `sorjax.fused_attention_lstm`, `sorjax.fused_mlstm`,
+`sorjax.fused_gru`, `sorjax.fused_rnn`, `sorjax.fused_tensor_rnn`): each
+runs a cell through `sorjax.unroll` on its fused path."""
 
 import jax
 import jax.numpy as jnp

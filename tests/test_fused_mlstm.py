@@ -1,0 +1,161 @@
+"""sorjax.fused_mlstm against a NumPy loop of Krause et al.'s equations for
+both candidate activations (values, final carry, masking by lengths, a
+given (h_0, c_0)); against JAX's autodiff of the plain scan (every
+gradient, with lengths, reverse, unroll and a given carry; bfloat16;
+vmap); unroll's routing to it; its memory against the generic fused path;
+its argument checks."""
+
+import importlib
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import sorjax
+from sorjax.cells.base import LSTMCarry
+from sorjax.cells.mlstm import MLSTMInputs
+from sorjax.fused_mlstm import layer_args, mlstm_layer, run_layer
+from tests import layer_checks as checks
+from tests.cells.reference import (normal, np_params, random_params,
+                                   run_numpy, sigmoid)
+
+fm = importlib.import_module("sorjax.fused_mlstm")
+
+B, T, D, H, M = 3, 6, 2, 5, 7
+ACTS = ["identity", "tanh"]
+ACT = {"identity": lambda z: z, "tanh": np.tanh}
+
+
+def make(H_=H, M_=M, seed=0, act="identity"):
+  cell = sorjax.cells.make("mlstm", hidden_size=H_, intermediate_size=M_,
+                           candidate_activation=act)
+  return cell, random_params(cell, D, seed)  # b off zero too
+
+
+def numpy_step(p, act):
+  """Row form: m = (x W_mx) * (h W_mh); i, f, g, o = x W_x + m W_m + b;
+  c = sigma(f) c + sigma(i) act(g); h = sigma(o) tanh(c)."""
+  def step(state, x):
+    h, c = state
+    m = (x @ p["W_mx"]) * (h @ p["W_mh"])
+    i, f, g, o = np.split(x @ p["W_x"] + m @ p["W_m"] + p["b"], 4, axis=-1)
+    c = sigmoid(f) * c + sigmoid(i) * ACT[act](g)
+    h = sigmoid(o) * np.tanh(c)
+    return (h, c), h
+  return step
+
+
+def precompute(cell, params, xs):
+  return jax.tree_util.tree_map(
+      lambda a: a.reshape(B, T, -1),
+      cell.precompute(params, xs.reshape(B * T, -1)))
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("unroll", [None, 4])
+def test_matches_numpy_loop_per_example_length(act, unroll):
+  """Example b runs lengths[b] steps of the equations from its own
+  (h_0, c_0): its outputs there, zeros after, and the carry of its last
+  step."""
+  cell, params = make(act=act)
+  xs = normal(1, (B, T, D))
+  h0, c0 = normal(3, (B, H), 0.5), normal(4, (B, H), 0.5)
+  lengths = np.array([6, 2, 0])
+  carry, ys = jax.jit(lambda p, x: run_layer(
+      layer_args(cell, p), precompute(cell, p, x), LSTMCarry(h0, c0),
+      jnp.asarray(lengths), unroll))(params, xs)
+  p, x64 = np_params(params), np.asarray(xs, np.float64)
+  for b, L in enumerate(lengths):
+    np.testing.assert_array_equal(ys[b, L:], 0)
+    if L == 0:  # no step: the carry is (h_0, c_0)
+      np.testing.assert_array_equal(carry.h[b], h0[b])
+      np.testing.assert_array_equal(carry.c[b], c0[b])
+      continue
+    (h, c), ref = run_numpy(
+        numpy_step(p, act), (np.asarray(h0[b:b + 1], np.float64),
+                             np.asarray(c0[b:b + 1], np.float64)),
+        x64[b:b + 1, :L])
+    assert np.abs(ref).max() > 0.05
+    np.testing.assert_allclose(ys[b, :L], ref[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(carry.h[b], h[0], rtol=1e-5, atol=1e-6)
+    np.testing.assert_allclose(carry.c[b], c[0], rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("act", ACTS)
+@pytest.mark.parametrize("lengths", [None, (6, 3, 0)])
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("unroll", [None, 4])
+def test_every_gradient_matches_autodiff_of_the_scan(act, lengths, reverse,
+                                                     unroll):
+  """Gradients to every parameter, the inputs and the initial carry equal
+  JAX's VJP of the plain scan (fused_grad=False); values too."""
+  cell, params = make(act=act)
+  xs = normal(2, (B, T, D))
+  carry = LSTMCarry(normal(3, (B, H), 0.5), normal(4, (B, H), 0.5))
+  checks.assert_every_gradient_matches_autodiff(
+      cell, params, xs, carry, normal(5, (B, T, H)),
+      lengths=None if lengths is None else jnp.array(lengths),
+      reverse=reverse, unroll=unroll)
+
+
+def test_bfloat16_gradients_close_to_float32():
+  cell, params = make(H_=16, M_=12)
+  checks.assert_bfloat16_grads_close(cell, params, normal(2, (B, T, D)),
+                                     normal(5, (B, T, 16)))
+
+
+def test_vmap_over_replicas_equals_each_replica():
+  checks.assert_vmap_equals_each_replica(make()[0], D, normal(2, (B, T, D)),
+                                         normal(5, (B, T, H)))
+
+
+@pytest.mark.parametrize("H_,opts,expected", checks.ROUTES)
+def test_unroll_routes_the_mlstm_through_its_layer(H_, opts, expected,
+                                                   monkeypatch):
+  """The fused path (fused_grad=True, or None from H = 128) of a hoisted
+  mlstm without remat is its layer; its result is what unroll returns."""
+  cell, params = make(H_=H_)
+  checks.assert_unroll_routes_through(fm, cell, params, normal(2, (B, T, D)),
+                                      opts, expected, monkeypatch)
+
+
+def test_needs_less_memory_than_the_generic_fused_scan(monkeypatch):
+  """No saved m_t W_m stack and no time-major copies: the compiled
+  training step's temporaries are smaller than the generic fused scan's
+  (XLA's own figures, deterministic)."""
+  cell = sorjax.cells.make("mlstm", hidden_size=64, intermediate_size=64)
+  params = random_params(cell, 64, 0)
+  xs, G = normal(2, (8, 40, 64)), normal(5, (8, 40, 64))
+  ours, generic = checks.temp_bytes_vs_generic(fm, cell, params, xs, G,
+                                               monkeypatch)
+  assert ours <= 0.9 * generic, (ours, generic)
+
+
+def test_argument_checks_name_the_argument():
+  cell, params = make()
+  W_mh, W_m = params["W_mh"], params["W_m"]
+  xp = MLSTMInputs(jnp.zeros((B, T, M)), jnp.zeros((B, T, 4 * H)))
+  c = cell.initial_carry(params, (B,))
+  with pytest.raises(ValueError, match=r"W_mh must be \[H, M\] and W_m "
+                     r"\[M, 4H\], got \(5, 7\) and \(6, 20\)"):
+    mlstm_layer(W_mh, W_m[:6], xp, c)
+  with pytest.raises(ValueError, match=r"xp.gx must be \[B, T, 4H\] with "
+                     r"H = 5, got \(3, 6, 19\)"):
+    mlstm_layer(W_mh, W_m, xp._replace(gx=xp.gx[..., :19]), c)
+  with pytest.raises(ValueError, match=r"xp.mx must be \[B, T, M\] = "
+                     r"\[3, 6, 7\], got \(3, 6, 6\)"):
+    mlstm_layer(W_mh, W_m, xp._replace(mx=xp.mx[..., :6]), c)
+  with pytest.raises(ValueError, match=r"carry \(h, c\) must be \[B, H\] = "
+                     r"\[3, 5\] each"):
+    mlstm_layer(W_mh, W_m, xp, LSTMCarry(c.h[:2], c.c))
+  with pytest.raises(ValueError, match=r"lengths must have shape \[B\] = \[3\]"):
+    mlstm_layer(W_mh, W_m, xp, c, lengths=jnp.array([1, 2]))
+  with pytest.raises(ValueError, match="no time steps"):
+    mlstm_layer(W_mh, W_m, MLSTMInputs(xp.mx[:, :0], xp.gx[:, :0]), c)
+  with pytest.raises(ValueError, match="unroll must be None or a positive int"):
+    mlstm_layer(W_mh, W_m, xp, c, unroll=0)
+  with pytest.raises(ValueError, match="candidate_activation must be "
+                     "'identity' or 'tanh', got 'relu'"):
+    mlstm_layer(W_mh, W_m, xp, c, candidate_activation="relu")
+  assert layer_args(sorjax.cells.make("gru", hidden_size=H), {}) is None
