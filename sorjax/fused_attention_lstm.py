@@ -50,8 +50,8 @@ import jax.numpy as jnp
 from sorjax.cells.attention_lstm import SecondOrderInputs, recurrent_matrix
 from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import (_activation_consts, batch_major_mask,
-                                check_unroll, previous_steps, row_products,
-                                scan_overwrite)
+                                check_lstm_state, check_unroll, previous_steps,
+                                row_products, scan_overwrite)
 
 Array = jax.Array
 
@@ -321,11 +321,7 @@ def attention_lstm_layer(W: Array, forget_bias: float, xp: SecondOrderInputs,
   if alpha.shape != (B, T, S):
     raise ValueError(f"{where}: xp.alpha must be [B, T, S] = [{B}, {T}, "
                      f"{S}], got {alpha.shape}")
-  if carry.h.shape != (B, H) or carry.c.shape != (B, H):
-    raise ValueError(f"{where}: carry (h, c) must be [B, H] = [{B}, {H}] "
-                     f"each; got {carry.h.shape}, {carry.c.shape}")
-  if T == 0:
-    raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
+  check_lstm_state(where, carry, B, H, T)
   check_unroll(where, unroll)
   layer = _layer if mix == "states" else _gates_layer
   (h, c), ys = layer(1 if unroll is None else int(unroll),

@@ -433,6 +433,16 @@ def check_state_layer(where: str, H: int, xp, width: str, n: int, h,
   return B, T
 
 
+def check_lstm_state(where: str, carry, B: int, H: int, T: int) -> None:
+  """Checks an LSTM-like layer's initial carry (h, c), each [B, H], and
+  that its inputs have time steps."""
+  if carry.h.shape != (B, H) or carry.c.shape != (B, H):
+    raise ValueError(f"{where}: carry (h, c) must be [B, H] = [{B}, {H}] "
+                     f"each; got {carry.h.shape}, {carry.c.shape}")
+  if T == 0:
+    raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
+
+
 def sum_dtype(dtype):
   """The dtype the layers accumulate weight and bias sums over T*B rows
   in: dtype itself from 32 bits, else float32 (a bfloat16 accumulator

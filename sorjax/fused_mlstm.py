@@ -39,8 +39,8 @@ import numpy as np
 
 from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import (_activation_consts, batch_major_mask,
-                               check_unroll, previous_steps, row_products,
-                               scan_overwrite)
+                               check_lstm_state, check_unroll, previous_steps,
+                               row_products, scan_overwrite)
 
 Array = jax.Array
 
@@ -204,11 +204,7 @@ def mlstm_layer(W_mh: Array, W_m: Array, xp, carry: LSTMCarry,
   if mx.shape != (B, T, M):
     raise ValueError(f"{where}: xp.mx must be [B, T, M] = [{B}, {T}, {M}], "
                      f"got {mx.shape}")
-  if carry.h.shape != (B, H) or carry.c.shape != (B, H):
-    raise ValueError(f"{where}: carry (h, c) must be [B, H] = [{B}, {H}] "
-                     f"each; got {carry.h.shape}, {carry.c.shape}")
-  if T == 0:
-    raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
+  check_lstm_state(where, carry, B, H, T)
   check_unroll(where, unroll)
   (h, c), ys = _layer(1 if unroll is None else int(unroll),
                       candidate_activation, W_mh, W_m, gx, mx,

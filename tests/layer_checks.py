@@ -6,8 +6,10 @@ runs a cell through `sorjax.unroll` on its fused path."""
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 import sorjax
+from tests.cells.reference import run_numpy
 
 
 def assert_bfloat16_grads_close(cell, params, xs, G):
@@ -107,3 +109,41 @@ def temp_bytes_vs_generic(module, cell, params, xs, G, monkeypatch):
   ours = train_step_temp_bytes(cell, params, xs, G)
   monkeypatch.setattr(module, "layer_args", lambda cell, params: None)
   return ours, train_step_temp_bytes(cell, params, xs, G)
+
+
+def assert_each_example_runs_its_length(ys, carry, state0, lengths,
+                                        numpy_step, xs):
+  """A layer's outputs ys [B, T, H] and final carry, run over xs [B, T, D]
+  from the initial state state0 (the carry's arrays, each [B, .]) with
+  `lengths`: example b's outputs are those of the NumPy loop
+  `numpy_step(state, x_t)` (state: one array, or a tuple for two or more)
+  over its first lengths[b] steps, zeros after, and its carry is the
+  loop's last state (state0 itself when lengths[b] = 0)."""
+  x64 = np.asarray(xs, np.float64)
+  for b, L in enumerate(lengths):
+    np.testing.assert_array_equal(ys[b, L:], 0)
+    if L == 0:  # no step
+      for got, s0 in zip(carry, state0):
+        np.testing.assert_array_equal(got[b], s0[b])
+      continue
+    start = tuple(np.asarray(s0[b:b + 1], np.float64) for s0 in state0)
+    final, ref = run_numpy(numpy_step, start[0] if len(start) == 1 else start,
+                           x64[b:b + 1, :L])
+    assert np.abs(ref).max() > 0.05  # not a trivially small run
+    np.testing.assert_allclose(ys[b, :L], ref[0], rtol=1e-5, atol=1e-6)
+    final = (final,) if len(start) == 1 else final
+    for got, want in zip(carry, final):
+      np.testing.assert_allclose(got[b], want[0], rtol=1e-5, atol=1e-6)
+
+
+def assert_rejects_lengths_steps_unroll(run, run_without_steps, B):
+  """The argument errors every layer shares: `run(**kw)` calls the layer
+  with valid arguments plus kw, `run_without_steps()` with T = 0 inputs."""
+  with pytest.raises(ValueError,
+                     match=rf"lengths must have shape \[B\] = \[{B}\]"):
+    run(lengths=jnp.arange(1, B))
+  with pytest.raises(ValueError, match="no time steps"):
+    run_without_steps()
+  with pytest.raises(ValueError, match="unroll must be None or a positive "
+                     "int"):
+    run(unroll=0)

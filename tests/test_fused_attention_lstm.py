@@ -2,9 +2,9 @@
 mix="gates" and for assignment_lstm, against the NumPy loop of Lin et al.
 eq. (a)-(e) (values, final carry, masking by lengths, temperatures,
 assignments) and against JAX's autodiff of the plain scan (every gradient,
-with lengths, reverse, unroll, a given carry, per-token temperatures,
-bfloat16 and vmap); unroll's routing to it; its memory against the generic
-fused path; its argument checks."""
+with lengths, reverse, unroll, a given carry and per-token temperatures);
+its memory against the generic fused path; its argument checks. bfloat16,
+vmap and routing: tests/test_layers.py."""
 
 import importlib
 
@@ -113,39 +113,6 @@ def test_every_gradient_matches_autodiff_of_the_scan(kind, lengths, reverse,
       reverse=reverse, unroll=unroll, **aux_of(kind, per_token=True))
 
 
-@pytest.mark.parametrize("mix", ["states", "gates"])
-def test_bfloat16_gradients_close_to_float32(mix):
-  cell = sorjax.cells.make("attention_lstm", hidden_size=16, num_cells=2,
-                           mix=mix)
-  checks.assert_bfloat16_grads_close(cell, cell.init(jax.random.key(0), D),
-                                     normal(2, (B, T, D)),
-                                     normal(5, (B, T, 16)))
-
-
-@pytest.mark.parametrize("mix", ["states", "gates"])
-def test_vmap_over_replicas_equals_each_replica(mix):
-  cell, _, xs = ref_eqs.make("attention_lstm", mix=mix)
-  checks.assert_vmap_equals_each_replica(cell, D, xs, normal(5, (B, T, H)))
-
-
-@pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("H_,opts,expected", checks.ROUTES)
-def test_unroll_routes_the_cells_through_the_layer(kind, H_, opts, expected,
-                                                   monkeypatch):
-  """The fused path (fused_grad=True, or None from H = 128) of a hoisted
-  attention_lstm (either mix) or assignment_lstm without remat is the
-  layer; the result is what unroll returns."""
-  cell = (sorjax.cells.make("assignment_lstm", hidden_size=H_, num_cells=2)
-          if kind == "assignment" else
-          sorjax.cells.make("attention_lstm", hidden_size=H_, num_cells=2,
-                            mix=kind))
-  aux = ({"assignment": jnp.asarray([[0, 1, 1, 0], [1, 1, 0, 0]])}
-         if kind == "assignment" else {})
-  checks.assert_unroll_routes_through(
-      fa, cell, cell.init(jax.random.key(0), D), normal(2, (B, T, D)), opts,
-      expected, monkeypatch, **aux)
-
-
 @pytest.mark.parametrize("mix,bound", [("states", 0.8), ("gates", 0.9)])
 def test_needs_less_memory_than_the_generic_fused_scan(mix, bound,
                                                        monkeypatch):
@@ -182,13 +149,10 @@ def test_argument_checks_name_the_argument():
   with pytest.raises(ValueError, match=r"carry \(h, c\) must be \[B, H\] = "
                      r"\[2, 3\] each"):
     attention_lstm_layer(W, fb, xp, LSTMCarry(c.h, c.c[:1]))
-  with pytest.raises(ValueError, match=r"lengths must have shape \[B\] = \[2\]"):
-    attention_lstm_layer(W, fb, xp, c, lengths=jnp.array([1, 2, 3]))
-  with pytest.raises(ValueError, match="no time steps"):
-    attention_lstm_layer(W, fb, SecondOrderInputs(xp.gx[:, :0],
-                                                  xp.alpha[:, :0]), c)
-  with pytest.raises(ValueError, match="unroll must be None or a positive int"):
-    attention_lstm_layer(W, fb, xp, c, unroll=-1)
+  checks.assert_rejects_lengths_steps_unroll(
+      lambda **k: attention_lstm_layer(W, fb, xp, c, **k),
+      lambda: attention_lstm_layer(W, fb, SecondOrderInputs(
+          xp.gx[:, :0], xp.alpha[:, :0]), c), B)
   with pytest.raises(ValueError, match="mix must be 'states' or 'gates', "
                      "got 'sum'"):
     attention_lstm_layer(W, fb, xp, c, mix="sum")

@@ -1,8 +1,8 @@
 """sorjax.fused_gru against a NumPy loop of the GRU's equations (values,
 final carry, masking by lengths); against JAX's autodiff of the plain scan
-(every gradient, with lengths, reverse, unroll and a given carry;
-bfloat16; vmap); unroll's routing to it; its memory against the generic
-fused path; and its argument checks."""
+(every gradient, with lengths, reverse, unroll and a given carry); its
+memory against the generic fused path; and its argument checks. bfloat16,
+vmap and routing: tests/test_layers.py."""
 
 import importlib
 
@@ -15,7 +15,7 @@ import sorjax
 from sorjax.cells.base import HCarry
 from sorjax.fused_gru import gru_layer, layer_args, run_layer
 from tests import layer_checks as checks
-from tests.cells.reference import normal, np_params, random_params, run_numpy
+from tests.cells.reference import normal, np_params, random_params
 from tests.cells.test_gru import numpy_step
 
 fg = importlib.import_module("sorjax.fused_gru")
@@ -47,16 +47,8 @@ def test_matches_numpy_loop_per_example_length(unroll):
   lengths = np.array([6, 2, 0])
   carry, ys = jax.jit(lambda p, x, h: layer(cell, p, x, lengths, unroll,
                                             HCarry(h)))(params, xs, h0)
-  p, x64 = np_params(params), np.asarray(xs, np.float64)
-  for b, L in enumerate(lengths):
-    np.testing.assert_array_equal(ys[b, L:], 0)
-    if L == 0:  # no step: the carry is h_0
-      np.testing.assert_array_equal(carry.h[b], h0[b])
-      continue
-    h, ref = run_numpy(numpy_step(p), np.asarray(h0[b:b + 1], np.float64),
-                       x64[b:b + 1, :L])
-    np.testing.assert_allclose(ys[b, :L], ref[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(carry.h[b], h[0], rtol=1e-5, atol=1e-6)
+  checks.assert_each_example_runs_its_length(
+      ys, carry, (h0,), lengths, numpy_step(np_params(params)), xs)
 
 
 @pytest.mark.parametrize("lengths", [None, (6, 3, 0)])
@@ -72,27 +64,6 @@ def test_every_gradient_matches_autodiff_of_the_scan(lengths, reverse,
       cell, params, xs, HCarry(h0), normal(5, (B, T, H)),
       lengths=None if lengths is None else jnp.array(lengths),
       reverse=reverse, unroll=unroll)
-
-
-def test_bfloat16_gradients_close_to_float32():
-  cell, params = make(H_=16)
-  checks.assert_bfloat16_grads_close(cell, params, normal(2, (B, T, D)),
-                                     normal(5, (B, T, 16)))
-
-
-def test_vmap_over_replicas_equals_each_replica():
-  checks.assert_vmap_equals_each_replica(make()[0], D, normal(2, (B, T, D)),
-                                         normal(5, (B, T, H)))
-
-
-@pytest.mark.parametrize("H_,opts,expected", checks.ROUTES)
-def test_unroll_routes_the_gru_through_its_layer(H_, opts, expected,
-                                                 monkeypatch):
-  """The fused path (fused_grad=True, or None from H = 128) of a hoisted
-  GRU without remat is its layer; its result is what unroll returns."""
-  cell, params = make(H_=H_)
-  checks.assert_unroll_routes_through(fg, cell, params, normal(2, (B, T, D)),
-                                      opts, expected, monkeypatch)
 
 
 def test_needs_less_memory_than_the_generic_fused_scan(monkeypatch):
@@ -123,10 +94,7 @@ def test_argument_checks_name_the_argument():
     gru_layer(W_h, b_hn, xp[..., :11], c)
   with pytest.raises(ValueError, match=r"carry.h must be \[B, H\] = \[3, 4\]"):
     gru_layer(W_h, b_hn, xp, HCarry(c.h[:2]))
-  with pytest.raises(ValueError, match=r"lengths must have shape \[B\] = \[3\]"):
-    gru_layer(W_h, b_hn, xp, c, lengths=jnp.array([1, 2]))
-  with pytest.raises(ValueError, match="no time steps"):
-    gru_layer(W_h, b_hn, xp[:, :0], c)
-  with pytest.raises(ValueError, match="unroll must be None or a positive int"):
-    gru_layer(W_h, b_hn, xp, c, unroll=0)
+  checks.assert_rejects_lengths_steps_unroll(
+      lambda **k: gru_layer(W_h, b_hn, xp, c, **k),
+      lambda: gru_layer(W_h, b_hn, xp[:, :0], c), B)
   assert layer_args(sorjax.cells.make("rnn", hidden_size=H), {}) is None

@@ -1,9 +1,9 @@
 """sorjax.fused_mlstm against a NumPy loop of Krause et al.'s equations for
 both candidate activations (values, final carry, masking by lengths, a
 given (h_0, c_0)); against JAX's autodiff of the plain scan (every
-gradient, with lengths, reverse, unroll and a given carry; bfloat16;
-vmap); unroll's routing to it; its memory against the generic fused path;
-its argument checks."""
+gradient, with lengths, reverse, unroll and a given carry); its memory
+against the generic fused path; its argument checks. bfloat16, vmap and
+routing: tests/test_layers.py."""
 
 import importlib
 
@@ -17,8 +17,7 @@ from sorjax.cells.base import LSTMCarry
 from sorjax.cells.mlstm import MLSTMInputs
 from sorjax.fused_mlstm import layer_args, mlstm_layer, run_layer
 from tests import layer_checks as checks
-from tests.cells.reference import (normal, np_params, random_params,
-                                   run_numpy, sigmoid)
+from tests.cells.reference import normal, np_params, random_params, sigmoid
 
 fm = importlib.import_module("sorjax.fused_mlstm")
 
@@ -65,21 +64,8 @@ def test_matches_numpy_loop_per_example_length(act, unroll):
   carry, ys = jax.jit(lambda p, x: run_layer(
       layer_args(cell, p), precompute(cell, p, x), LSTMCarry(h0, c0),
       jnp.asarray(lengths), unroll))(params, xs)
-  p, x64 = np_params(params), np.asarray(xs, np.float64)
-  for b, L in enumerate(lengths):
-    np.testing.assert_array_equal(ys[b, L:], 0)
-    if L == 0:  # no step: the carry is (h_0, c_0)
-      np.testing.assert_array_equal(carry.h[b], h0[b])
-      np.testing.assert_array_equal(carry.c[b], c0[b])
-      continue
-    (h, c), ref = run_numpy(
-        numpy_step(p, act), (np.asarray(h0[b:b + 1], np.float64),
-                             np.asarray(c0[b:b + 1], np.float64)),
-        x64[b:b + 1, :L])
-    assert np.abs(ref).max() > 0.05
-    np.testing.assert_allclose(ys[b, :L], ref[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(carry.h[b], h[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(carry.c[b], c[0], rtol=1e-5, atol=1e-6)
+  checks.assert_each_example_runs_its_length(
+      ys, carry, (h0, c0), lengths, numpy_step(np_params(params), act), xs)
 
 
 @pytest.mark.parametrize("act", ACTS)
@@ -97,27 +83,6 @@ def test_every_gradient_matches_autodiff_of_the_scan(act, lengths, reverse,
       cell, params, xs, carry, normal(5, (B, T, H)),
       lengths=None if lengths is None else jnp.array(lengths),
       reverse=reverse, unroll=unroll)
-
-
-def test_bfloat16_gradients_close_to_float32():
-  cell, params = make(H_=16, M_=12)
-  checks.assert_bfloat16_grads_close(cell, params, normal(2, (B, T, D)),
-                                     normal(5, (B, T, 16)))
-
-
-def test_vmap_over_replicas_equals_each_replica():
-  checks.assert_vmap_equals_each_replica(make()[0], D, normal(2, (B, T, D)),
-                                         normal(5, (B, T, H)))
-
-
-@pytest.mark.parametrize("H_,opts,expected", checks.ROUTES)
-def test_unroll_routes_the_mlstm_through_its_layer(H_, opts, expected,
-                                                   monkeypatch):
-  """The fused path (fused_grad=True, or None from H = 128) of a hoisted
-  mlstm without remat is its layer; its result is what unroll returns."""
-  cell, params = make(H_=H_)
-  checks.assert_unroll_routes_through(fm, cell, params, normal(2, (B, T, D)),
-                                      opts, expected, monkeypatch)
 
 
 def test_needs_less_memory_than_the_generic_fused_scan(monkeypatch):
@@ -149,12 +114,10 @@ def test_argument_checks_name_the_argument():
   with pytest.raises(ValueError, match=r"carry \(h, c\) must be \[B, H\] = "
                      r"\[3, 5\] each"):
     mlstm_layer(W_mh, W_m, xp, LSTMCarry(c.h[:2], c.c))
-  with pytest.raises(ValueError, match=r"lengths must have shape \[B\] = \[3\]"):
-    mlstm_layer(W_mh, W_m, xp, c, lengths=jnp.array([1, 2]))
-  with pytest.raises(ValueError, match="no time steps"):
-    mlstm_layer(W_mh, W_m, MLSTMInputs(xp.mx[:, :0], xp.gx[:, :0]), c)
-  with pytest.raises(ValueError, match="unroll must be None or a positive int"):
-    mlstm_layer(W_mh, W_m, xp, c, unroll=0)
+  checks.assert_rejects_lengths_steps_unroll(
+      lambda **k: mlstm_layer(W_mh, W_m, xp, c, **k),
+      lambda: mlstm_layer(W_mh, W_m, MLSTMInputs(xp.mx[:, :0], xp.gx[:, :0]),
+                          c), B)
   with pytest.raises(ValueError, match="candidate_activation must be "
                      "'identity' or 'tanh', got 'relu'"):
     mlstm_layer(W_mh, W_m, xp, c, candidate_activation="relu")

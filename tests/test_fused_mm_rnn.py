@@ -1,8 +1,9 @@
 """sorjax.fused_mm_rnn against NumPy loops of Renganathan & Singh eq. 6-8
 (mm_rnn) and eq. 9-22 (mm_lstm): values, final carry, masking by lengths;
 against JAX's autodiff of the plain scan: every gradient, with lengths,
-reverse, unroll, a given carry, bfloat16 and vmap; unroll's routing to it;
-its memory against the generic fused path; and its argument checks."""
+reverse, unroll and a given carry; its memory against the generic fused
+path; and its argument checks. bfloat16, vmap and routing:
+tests/test_layers.py."""
 
 import importlib
 
@@ -119,31 +120,6 @@ def test_every_gradient_matches_autodiff_of_the_scan(name, lengths, reverse,
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))
-def test_bfloat16_gradients_close_to_float32(name):
-  cell, params = make(name, H_=16)
-  checks.assert_bfloat16_grads_close(cell, params, normal(2, (B, T, D)),
-                                     normal(5, (B, T, 16)))
-
-
-@pytest.mark.parametrize("name", sorted(CELLS))
-def test_vmap_over_replicas_equals_each_replica(name):
-  checks.assert_vmap_equals_each_replica(make(name)[0], D, normal(2, (B, T, D)),
-                                         normal(5, (B, T, H)))
-
-
-@pytest.mark.parametrize("name", sorted(CELLS))
-@pytest.mark.parametrize("H_,opts,expected", checks.ROUTES)
-def test_unroll_routes_the_cells_through_their_layer(name, H_, opts,
-                                                     expected, monkeypatch):
-  """The fused path (fused_grad=True, or None from H = 128) of a hoisted
-  mm_rnn / mm_lstm without remat is its layer here; its result is what
-  unroll returns."""
-  cell, params = make(name, H_=H_)
-  checks.assert_unroll_routes_through(fm, cell, params, normal(2, (B, T, D)),
-                                      opts, expected, monkeypatch)
-
-
-@pytest.mark.parametrize("name", sorted(CELLS))
 def test_needs_less_memory_than_the_generic_fused_scan(name,
                                                        monkeypatch):
   """No saved z_t stack ([T, B, sum K*H + sum K]) and no time-major copies
@@ -179,12 +155,10 @@ def test_argument_checks_name_the_argument():
   with pytest.raises(ValueError, match=r"carry must hold h \[B, H\] = "
                      r"\[3, 5\] and keys \[B, K\] for K in \(4,\)"):
     mm_rnn_layer(W, P_h, P_v, xp, MMRNNCarry(c.h[:2], c.v))
-  with pytest.raises(ValueError, match=r"lengths must have shape \[B\] = \[3\]"):
-    mm_rnn_layer(W, P_h, P_v, xp, c, lengths=jnp.array([1, 2]))
-  with pytest.raises(ValueError, match="no time steps"):
-    mm_rnn_layer(W, P_h, P_v, MMRNNInputs(xp.hx[:, :0], xp.vx[:, :0]), c)
-  with pytest.raises(ValueError, match="unroll must be None or a positive int"):
-    mm_rnn_layer(W, P_h, P_v, xp, c, unroll=0)
+  checks.assert_rejects_lengths_steps_unroll(
+      lambda **k: mm_rnn_layer(W, P_h, P_v, xp, c, **k),
+      lambda: mm_rnn_layer(W, P_h, P_v, MMRNNInputs(xp.hx[:, :0],
+                                                    xp.vx[:, :0]), c), B)
   assert layer_args(sorjax.cells.make("rnn", hidden_size=H), {}) is None
 
   cell, params = make("mm_lstm")

@@ -1,11 +1,9 @@
 """sorjax.fused_tensor_rnn against a NumPy loop of eq. 5 for both
 activations (values, final carry, masking by lengths); against JAX's
 autodiff of the plain scan (every gradient, with lengths, reverse, unroll
-and a given carry; bfloat16; vmap); unroll's routing to it at every size;
-its memory against autodiff, the path it replaced; and its argument
-checks."""
-
-import importlib
+and a given carry); unhoisted, unroll's default staying autodiff; its
+memory against autodiff, the path it replaced; and its argument checks.
+bfloat16, vmap and routing: tests/test_layers.py."""
 
 import jax
 import jax.numpy as jnp
@@ -16,9 +14,7 @@ import sorjax
 from sorjax.cells.base import HCarry
 from sorjax.fused_tensor_rnn import layer_args, run_layer, tensor_rnn_layer
 from tests import layer_checks as checks
-from tests.cells.reference import normal, np_params, random_params, run_numpy
-
-ft = importlib.import_module("sorjax.fused_tensor_rnn")
+from tests.cells.reference import normal, np_params, random_params
 
 B, T, D, H = 3, 6, 2, 5
 PHI = {"tanh": np.tanh, "identity": lambda z: z}
@@ -48,17 +44,9 @@ def test_matches_numpy_loop_per_example_length(activation, unroll):
   carry, ys = jax.jit(lambda p, x, h: run_layer(
       layer_args(cell, p), x, HCarry(h), jnp.asarray(lengths), unroll))(
           params, xs, h0)
-  p, x64 = np_params(params), np.asarray(xs, np.float64)
-  for b, L in enumerate(lengths):
-    np.testing.assert_array_equal(ys[b, L:], 0)
-    if L == 0:  # no step: the carry is h_0
-      np.testing.assert_array_equal(carry.h[b], h0[b])
-      continue
-    h, ref = run_numpy(numpy_step(p, activation),
-                       np.asarray(h0[b:b + 1], np.float64), x64[b:b + 1, :L])
-    assert np.abs(ref).max() > 0.1
-    np.testing.assert_allclose(ys[b, :L], ref[0], rtol=1e-5, atol=1e-6)
-    np.testing.assert_allclose(carry.h[b], h[0], rtol=1e-5, atol=1e-6)
+  checks.assert_each_example_runs_its_length(
+      ys, carry, (h0,), lengths, numpy_step(np_params(params), activation),
+      xs)
 
 
 @pytest.mark.parametrize("activation", ["tanh", "identity"])
@@ -75,32 +63,6 @@ def test_every_gradient_matches_autodiff_of_the_scan(activation, lengths,
       cell, params, xs, HCarry(h0), normal(5, (B, T, H)),
       lengths=None if lengths is None else jnp.array(lengths),
       reverse=reverse, unroll=unroll)
-
-
-def test_bfloat16_gradients_close_to_float32():
-  cell, params = make(H_=16)
-  checks.assert_bfloat16_grads_close(cell, params, normal(2, (B, T, D)),
-                                     normal(5, (B, T, 16)))
-
-
-def test_vmap_over_replicas_equals_each_replica():
-  checks.assert_vmap_equals_each_replica(make()[0], D, normal(2, (B, T, D)),
-                                         normal(5, (B, T, H)))
-
-
-@pytest.mark.parametrize("H_,opts,expected", [
-    (12, {}, True), (128, {}, True), (12, dict(fused_grad=True), True),
-    (12, dict(fused_grad=False), False), (12, dict(remat=True), False),
-    (12, dict(remat="dots"), False), (12, dict(hoist=False), False),
-    (12, dict(hoist=False, fused_grad=True), False)])
-def test_unroll_routes_tensor_rnn_through_its_layer_at_every_size(
-    H_, opts, expected, monkeypatch):
-  """Hoisted, without remat and unless fused_grad=False, tensor_rnn runs
-  its layer at every size (as the LSTM); its result is what unroll
-  returns."""
-  cell, params = make(H_=H_)
-  checks.assert_unroll_routes_through(ft, cell, params, normal(2, (B, T, D)),
-                                      opts, expected, monkeypatch)
 
 
 def test_hoist_false_keeps_autodiff_unless_fused_grad_is_asked_for():
@@ -150,12 +112,9 @@ def test_argument_checks_name_the_argument():
     tensor_rnn_layer(A, b, jnp.zeros((B, T, 3)), c)
   with pytest.raises(ValueError, match=r"carry.h must be \[B, H\] = \[3, 5\]"):
     tensor_rnn_layer(A, b, xs, HCarry(c.h[:2]))
-  with pytest.raises(ValueError, match=r"lengths must have shape \[B\] = \[3\]"):
-    tensor_rnn_layer(A, b, xs, c, lengths=jnp.array([1, 2]))
-  with pytest.raises(ValueError, match="no time steps"):
-    tensor_rnn_layer(A, b, xs[:, :0], c)
-  with pytest.raises(ValueError, match="unroll must be None or a positive int"):
-    tensor_rnn_layer(A, b, xs, c, unroll=0)
+  checks.assert_rejects_lengths_steps_unroll(
+      lambda **k: tensor_rnn_layer(A, b, xs, c, **k),
+      lambda: tensor_rnn_layer(A, b, xs[:, :0], c), B)
   with pytest.raises(ValueError, match="activation must be one of "
                      r"\['identity', 'tanh'\], got 'relu'"):
     tensor_rnn_layer(A, b, xs, c, activation="relu")
