@@ -39,7 +39,9 @@ The LSTM (`lstm`, `mts_lstm`) has a dedicated layer primitive,
 `sorjax.fused_lstm.lstm_layer` (x W_x + b, the recurrence and all their
 gradients in one hand-written VJP). `unroll` runs it unless fused_grad=False,
 remat or hoist=False asks otherwise (see `_lstm_layer_args`), and the same
-for `tensor_rnn` and `sorjax.fused_tensor_rnn`'s layer. On the fused
+for `tensor_rnn` and `sorjax.fused_tensor_rnn`'s layer; `dyck_rnn`, which has
+no split step, runs `sorjax.fused_dyck_rnn`'s from hidden size
+FUSED_GRAD_MIN_HIDDEN or with fused_grad=True. On the fused
 path `mm_rnn` and `mm_lstm` run `sorjax.fused_mm_rnn`'s layers, whose
 backwards need no saved z_t, `attention_lstm` and `assignment_lstm` run
 `sorjax.fused_attention_lstm`'s, `mlstm` `sorjax.fused_mlstm`'s, and `gru`
@@ -61,8 +63,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sorjax import (fused_attention_lstm, fused_gru, fused_lstm,
-                    fused_mlstm, fused_mm_rnn, fused_rnn, fused_tensor_rnn)
+from sorjax import (fused_attention_lstm, fused_dyck_rnn, fused_gru,
+                    fused_lstm, fused_mlstm, fused_mm_rnn, fused_rnn,
+                    fused_tensor_rnn)
 
 Array = jax.Array
 
@@ -159,15 +162,20 @@ def _batch_major_layer(cell, params, hoist, remat, fused_grad, fused):
   without remat, unless fused_grad=False. tensor_rnn (`fused_tensor_rnn`:
   no saved h_{t-1} A, dA after the loop) at every size, as the LSTM: it
   measured 1.3-1.9x autodiff from H = 16 to 1024 with a sixth or less of
-  its temporary memory. The others on the batched-weight-gradient path (fused):
-  mm_rnn and mm_lstm (`fused_mm_rnn`: no saved z_t), attention_lstm and
-  assignment_lstm (`fused_attention_lstm`: activations over gx_t), mlstm
-  (`fused_mlstm`: activations over gx_t), gru (`fused_gru`: activations
-  over xp_t), rnn (`fused_rnn`: h_t over xp_t).
+  its temporary memory. dyck_rnn (`fused_dyck_rnn`: h_t over u_t, no
+  transposes) from FUSED_GRAD_MIN_HIDDEN or with fused_grad=True:
+  1.15-1.56x autodiff from H = 128, 1.05x at 64, 0.60x at the Dyck
+  experiments' H = 12. The others on the batched-weight-gradient path
+  (fused): mm_rnn and mm_lstm (`fused_mm_rnn`: no saved z_t),
+  attention_lstm and assignment_lstm (`fused_attention_lstm`: activations
+  over gx_t), mlstm (`fused_mlstm`: activations over gx_t), gru
+  (`fused_gru`: activations over xp_t), rnn (`fused_rnn`: h_t over xp_t).
   Returns layer(xp, carry, lengths, unroll) or None."""
   if fused_grad is False or not hoist or remat is not False:
     return None
   modules = (fused_tensor_rnn,)
+  if fused_grad or cell.hidden_size >= FUSED_GRAD_MIN_HIDDEN:
+    modules += (fused_dyck_rnn,)
   if fused:
     modules += (fused_mm_rnn, fused_attention_lstm, fused_mlstm, fused_gru,
                 fused_rnn)
@@ -454,7 +462,8 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       that opt out with `fused_grad_default = False` (tensor_rnn).
       lstm and mts_lstm run `fused_lstm.lstm_layer`, and tensor_rnn
       `fused_tensor_rnn`'s layer, at every size with True or None when
-      hoisted without remat (module doc).
+      hoisted without remat; dyck_rnn `fused_dyck_rnn`'s with True, or
+      None from hidden size 128 (module doc).
     **aux: extra inputs of the cell, scalars or [B, T] per-token arrays.
   """
   if xs.ndim != 3:
@@ -469,10 +478,12 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
         f"unroll: fused_grad must be None, True or False, got {fused_grad!r}")
   fused_lstm.check_unroll("unroll", unroll)
   fused = _fused_by_default(cell, remat) if fused_grad is None else fused_grad
-  if fused and not supports_fused_grad(cell):
+  layer = _batch_major_layer(cell, params, hoist, remat, fused_grad, fused)
+  if fused and layer is None and not supports_fused_grad(cell):
     raise ValueError(
         f"unroll: fused_grad=True needs a cell with a split step (split, "
-        f"recurrent_input, post); {type(cell).__name__} has none")
+        f"recurrent_input, post), or a layer of its own run hoisted without "
+        f"remat; {type(cell).__name__} has no split step")
   B, T, _ = xs.shape
   per_step, scalar = _split_aux(aux, B, T)
   lengths = fused_lstm.check_lengths("unroll", lengths, B)
@@ -488,8 +499,6 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       xs = _gather_time(xs, idx)
       per_step = {k: _gather_time(v, idx) for k, v in per_step.items()}
 
-  layer = _batch_major_layer(cell, params, hoist, remat, fused_grad,
-                             fused)
   if layer is not None and T > 0:  # batch-major, its own VJP
     carry, ys = layer(_precompute_rows(cell, params, xs, per_step, scalar),
                       carry, lengths, unroll)

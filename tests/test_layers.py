@@ -27,6 +27,14 @@ EVERY_SIZE_ROUTES = [
     (12, dict(hoist=False, fused_grad=True), False)]
 
 
+# dyck_rnn's: from hidden size 128 or with fused_grad=True (it has no
+# split step, so no generic fused path either).
+DYCK_ROUTES = [
+    (128, {}, True), (12, {}, False), (12, dict(fused_grad=True), True),
+    (128, dict(fused_grad=False), False), (128, dict(remat=True), False),
+    (128, dict(remat="dots"), False), (128, dict(hoist=False), False)]
+
+
 def _assignment():
   rng = np.random.default_rng(1)
   return {"assignment": jnp.asarray(rng.integers(0, 2, (B, T)), jnp.int32)}
@@ -41,6 +49,8 @@ LAYERS = {
               checks.ROUTES),
     "tensor_rnn": ("fused_tensor_rnn", "tensor_rnn", {}, None,
                    EVERY_SIZE_ROUTES),
+    "dyck_rnn": ("fused_dyck_rnn", "dyck_rnn", dict(learn_embedding=True),
+                 None, DYCK_ROUTES),
     "mm_rnn": ("fused_mm_rnn", "mm_rnn", dict(num_matrices=4), None,
                checks.ROUTES),
     "mm_lstm": ("fused_mm_rnn", "mm_lstm", dict(num_matrices=(3, 1, 2, 4)),
@@ -91,8 +101,9 @@ def test_vmap_over_replicas_equals_each_replica(key):
 def test_unroll_runs_the_layer_exactly_on_its_route(key, H_, opts, expected,
                                                     monkeypatch):
   """The fused path (fused_grad=True, or None from H = 128; tensor_rnn at
-  every size) of a hoisted cell without remat is its layer; its result is
-  what unroll returns."""
+  every size; dyck_rnn, which has no generic fused path, the same) of a
+  hoisted cell without remat is its layer; its result is what unroll
+  returns."""
   cell, params = make(key, H_=H_)
   module = importlib.import_module(f"sorjax.{LAYERS[key][0]}")
   checks.assert_unroll_routes_through(module, cell, params,

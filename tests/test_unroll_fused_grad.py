@@ -450,15 +450,19 @@ def test_bfloat16_gradients_follow_float32():
 
 # ------------------------------------------------------------------ errors
 
-def test_fused_grad_true_on_a_cell_without_split_is_named():
+def test_fused_grad_true_on_a_cell_without_split_or_layer_is_named():
+  """dyck_rnn has no split step; its layer runs only hoisted without
+  remat, so fused_grad=True anywhere else is an error."""
   cell = cells.make("dyck_rnn", hidden_size=4, learn_embedding=True)
   params = cell.init(jax.random.key(0), 2)
   xs = jnp.zeros((2, 3, 2))
-  with pytest.raises(ValueError, match="fused_grad=True.*DyckRNN"):
-    sorjax.unroll(cell, params, xs, fused_grad=True)
-  with pytest.raises(ValueError, match="fused_grad=True.*DyckRNN"):
-    sorjax.unroll_layers((cell,), (params,), xs, fused_grad=True)
-  _, ys = sorjax.unroll(cell, params, xs)  # None: autodiff for this cell
+  for opts in (dict(hoist=False), dict(remat=True), dict(remat="dots")):
+    with pytest.raises(ValueError, match="fused_grad=True.*DyckRNN has no "
+                       "split step"):
+      sorjax.unroll(cell, params, xs, fused_grad=True, **opts)
+    with pytest.raises(ValueError, match="fused_grad=True.*DyckRNN"):
+      sorjax.unroll_layers((cell,), (params,), xs, fused_grad=True, **opts)
+  _, ys = sorjax.unroll(cell, params, xs)  # None: autodiff at this size
   assert ys.shape == (2, 3, 4)
 
 
