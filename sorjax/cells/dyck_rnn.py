@@ -12,6 +12,8 @@ Unit 0 is the top of the stack: a push (g = 1) moves the stack down and
 writes x_t W_hx on top; a pop (g = 0) drops the top. The step never forms
 W_hh(t) nor multiplies by W_1 / W_2: W_1 h and W_2 h are shifts, O(H) slices
 and concatenations. `fixed_arrays()` returns W_1, W_2 for references.
+`sorjax.fused_dyck_rnn` runs the same recurrence with a backward of its own
+(`sorjax.unroll` picks it from hidden size 128).
 
 Inputs: the paper embeds each bracket in 1-d with fixed, non-trainable
 values (`learn_embedding=False`, input size 1, `fixed_embedding(k)` is the
