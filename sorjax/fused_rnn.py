@@ -36,7 +36,7 @@ from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
 
 Array = jax.Array
 
-_DERIVATIVE = {  # phi'(pre) from h = phi(pre)
+DERIVATIVE = {  # phi'(pre) from h = phi(pre)
     "tanh": lambda h: 1 - h * h,
     "identity": jnp.ones_like,
     "relu": lambda h: (h > 0).astype(h.dtype),
@@ -72,7 +72,7 @@ def _layer_fwd(unroll, act, W, xp, mask, h0):
 def _layer_bwd(unroll, act, res, cot):
   W, mask, h0, ys = res
   dh_T, dys = cot
-  dphi = _DERIVATIVE[act]
+  dphi = DERIVATIVE[act]
   Wt = W.T
   hp = previous_steps(h0, ys, 1)
 
@@ -137,9 +137,9 @@ def rnn_layer(W: Array, xp: Array, carry: base.HCarry,
     raise ValueError(f"{where}: W must be [H, H], got shape {W.shape}")
   H = W.shape[0]
   B, T = check_state_layer(where, H, xp, "H", H, carry.h)
-  if activation not in _DERIVATIVE:
+  if activation not in DERIVATIVE:
     raise ValueError(f"{where}: activation must be one of "
-                     f"{sorted(_DERIVATIVE)}, got {activation!r}")
+                     f"{sorted(DERIVATIVE)}, got {activation!r}")
   check_unroll(where, unroll)
   h, ys = _layer(1 if unroll is None else int(unroll), activation, W, xp,
                  batch_major_mask(where, lengths, B, T), carry.h)

@@ -42,6 +42,7 @@ from typing import NamedTuple
 import jax
 import jax.numpy as jnp
 
+from sorjax import fused_rnn
 from sorjax.cells import base
 from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
                                check_unroll, previous_steps, scan_overwrite,
@@ -49,10 +50,8 @@ from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
 
 Array = jax.Array
 
-_DERIVATIVE = {  # phi'(pre) from h = phi(pre)
-    "tanh": lambda h: 1 - h * h,
-    "identity": jnp.ones_like,
-}
+# phi'(pre) from h = phi(pre), for the cell's two activations.
+_DERIVATIVE = {k: fused_rnn.DERIVATIVE[k] for k in ("tanh", "identity")}
 
 
 def _forward(unroll, act, A, b, xs, mask, h0):

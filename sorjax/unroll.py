@@ -503,8 +503,11 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
     carry, ys = layer(_precompute_rows(cell, params, xs, per_step, scalar),
                       carry, lengths, unroll)
   else:
+    # T = 0 on a layer's route runs the (empty) scan: the generic fused
+    # path only where the cell has a split step (not dyck_rnn).
     carry, ys = _scan_time_major(cell, params, xs, per_step, scalar, carry,
-                                 lengths, hoist, remat, unroll, fused,
+                                 lengths, hoist, remat, unroll,
+                                 fused and supports_fused_grad(cell),
                                  fused_grad)
   if reverse:
     ys = jnp.flip(ys, 1) if lengths is None else _gather_time(ys, idx)

@@ -196,11 +196,15 @@ def test_gradients_equal_autodiff(key, option, fast_compile):
   assert_trees_close(fused, plain)
 
 
-@pytest.mark.parametrize("hoist", [True, False])
-def test_zero_steps_pass_the_carry_and_its_gradient_through(hoist):
+@pytest.mark.parametrize("key,hoist", [("gru", True), ("gru", False),
+                                       ("dyck_rnn", True)])
+def test_zero_steps_pass_the_carry_and_its_gradient_through(key, hoist):
   # T = 0: the final carry is the initial one, so its gradient is the
   # loss's, and the weights get zero gradients, as autodiff of lax.scan.
-  cell = cells.make("gru", hidden_size=4)
+  # (dyck_rnn: fused_grad=True picks its layer, which has no split step to
+  # fall back on when there are no steps.)
+  cell = cells.make(key, hidden_size=4, **(
+      {"learn_embedding": True} if key == "dyck_rnn" else {}))
   params = cell.init(jax.random.key(0), 3)
   carry = cell.initial_carry(params, (2,))
   xs = jnp.zeros((2, 0, 3))
