@@ -42,12 +42,12 @@ def assert_vmap_equals_each_replica(cell, input_size, xs, G):
       np.testing.assert_allclose(g[k][r], one[k], rtol=1e-5, atol=1e-6)
 
 
-def train_step_temp_bytes(cell, params, xs, G):
+def train_step_temp_bytes(cell, params, xs, G, fused_grad=True):
   """XLA's temporary bytes of the compiled forward + backward (to params
-  and xs) of `sorjax.unroll(..., fused_grad=True)`."""
+  and xs) of `sorjax.unroll(..., fused_grad=fused_grad)`."""
   def step(p, x):
-    _, pull = jax.vjp(lambda p, x: sorjax.unroll(cell, p, x,
-                                                 fused_grad=True)[1], p, x)
+    _, pull = jax.vjp(lambda p, x: sorjax.unroll(
+        cell, p, x, fused_grad=fused_grad)[1], p, x)
     return pull(G)
   return jax.jit(step).lower(params, xs).compile().memory_analysis(
       ).temp_size_in_bytes

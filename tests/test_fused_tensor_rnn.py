@@ -83,16 +83,8 @@ def test_needs_less_memory_than_autodiff_of_the_scan():
   (XLA's own figures, deterministic)."""
   cell, params = make(H_=64, D_=8)
   xs, G = normal(2, (8, 40, 8)), normal(5, (8, 40, 64))
-
-  def temp_bytes(fused_grad):
-    def step(p, x):
-      _, pull = jax.vjp(lambda p, x: sorjax.unroll(
-          cell, p, x, fused_grad=fused_grad)[1], p, x)
-      return pull(G)
-    return jax.jit(step).lower(params, xs).compile().memory_analysis(
-        ).temp_size_in_bytes
-
-  ours, autodiff = temp_bytes(None), temp_bytes(False)
+  ours, autodiff = (checks.train_step_temp_bytes(cell, params, xs, G, f)
+                    for f in (None, False))
   # 0.10-0.16x at D = 32 from H = 16 to 1024 (BUILD_NOTES).
   assert ours <= 0.5 * autodiff, (ours, autodiff)
 
