@@ -51,7 +51,8 @@ from sorjax.cells.attention_lstm import SecondOrderInputs, recurrent_matrix
 from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import (_activation_consts, batch_major_mask,
                                 check_lstm_state, check_unroll, previous_steps,
-                                row_products, scan_overwrite)
+                                row_products, scan_overwrite, valid_or,
+                                zero_padded)
 
 Array = jax.Array
 
@@ -81,10 +82,7 @@ def _loop(update, gx, alpha, mask, h0, c0, unroll):
     h, c = carry
     a, m = x if mask is not None else (x, None)
     A, h_new, c_new = update(h, c, gx_t, a)
-    if m is None:
-      return (h_new, c_new), (h_new, c), A
-    h_new, c_new = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
-    return (h_new, c_new), (jnp.where(m, h_new, 0), c), A
+    return valid_or(m, (h_new, c_new), carry), (zero_padded(m, h_new), c), A
 
   xs = alpha if mask is None else (alpha, mask)
   final, (ys, cs), As = scan_overwrite(body, (h0, c0), gx, xs, unroll=unroll,
@@ -103,14 +101,9 @@ def _back_loop(grad, As, res_inputs, mask, dh_T, dc_T, unroll):
   def body(carry, A, x):
     dh, dc = carry
     h_prev, c_prev, dy, a, m = x if mask is not None else (*x, None)
-    dh_t, dc_t = dy + dh, dc                                 # dL/dh_t, dL/dc_t
-    if m is not None:
-      dh_t, dc_t = jnp.where(m, dh_t, 0), jnp.where(m, dc_t, 0)
+    dh_t, dc_t = zero_padded(m, (dy + dh, dc))               # dL/dh_t, dL/dc_t
     dh_prev, dc_prev, da, dz = grad(A, h_prev, c_prev, a, dh_t, dc_t)
-    if m is not None:
-      dh_prev = jnp.where(m, dh_prev, dh)
-      dc_prev = jnp.where(m, dc_prev, dc)
-    return (dh_prev, dc_prev), da, dz
+    return valid_or(m, (dh_prev, dc_prev), carry), da, dz
 
   xs = (hp, jnp.swapaxes(cs, 0, 1), dys, alpha)
   d0, das, dzs = scan_overwrite(body, (dh_T, dc_T), As,

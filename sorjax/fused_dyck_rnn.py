@@ -42,7 +42,8 @@ import jax.numpy as jnp
 from sorjax.cells import base
 from sorjax.cells.dyck_rnn import pop, push
 from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
-                               check_unroll, previous_steps, scan_overwrite)
+                               check_unroll, previous_steps, scan_overwrite,
+                               valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -54,9 +55,7 @@ def _forward(unroll, g, u, mask, h0):
   def body(h, u_t, inp):
     g_t, m = inp if mask is not None else (inp[0], None)
     h_new = g_t * push(h) + (1 - g_t) * pop(h) + u_t               # eq. 4-5
-    if m is None:
-      return h_new, None, h_new
-    return jnp.where(m, h_new, h), None, jnp.where(m, h_new, 0)
+    return valid_or(m, h_new, h), None, zero_padded(m, h_new)
 
   inputs = (g,) if mask is None else (g, mask)
   h, _, ys = scan_overwrite(body, h0, u, inputs, unroll=unroll, axis=1,
@@ -81,14 +80,10 @@ def _layer_bwd(unroll, res, cot):
 
   def body(dh, _, inp):  # h_t -> du_t = dL/dh_t
     dy, g_t, h_prev, m = inp if mask is not None else (*inp, None)
-    d = dy + dh
-    if m is not None:
-      d = jnp.where(m, d, 0)
+    d = zero_padded(m, dy + dh)
     dg = jnp.sum(d * (push(h_prev) - pop(h_prev)), axis=-1, keepdims=True)
     dh_prev = pop(g_t * d) + push((1 - g_t) * d)           # W_1^T = W_2
-    if m is not None:
-      dh_prev = jnp.where(m, dh_prev, dh)
-    return dh_prev, dg, d
+    return valid_or(m, dh_prev, dh), dg, d
 
   inputs = (dys, g, hp) if mask is None else (dys, g, hp, mask)
   dh0, dgs, dus = scan_overwrite(body, dh_T, ys, inputs, reverse=True,

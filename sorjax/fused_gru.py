@@ -45,7 +45,8 @@ import jax.numpy as jnp
 from sorjax.cells import base
 from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
                                check_unroll, previous_steps, row_products,
-                               scan_overwrite, sum_dtype)
+                               scan_overwrite, sum_dtype, valid_or,
+                               zero_padded)
 
 Array = jax.Array
 
@@ -64,10 +65,8 @@ def _forward(unroll, W, b_hn, xp, mask, h0):
     hn = hW[:, 2 * H:] + b_hn[None, :]
     n = jnp.tanh(x_t[:, 2 * H:] + r * hn)
     h_new = (1 - z) * n + z * h
-    y = h_new
-    if m is not None:  # a padded step passes its carry and outputs 0
-      h_new, y = jnp.where(m, h_new, h), jnp.where(m, h_new, 0)
-    return h_new, None, (jnp.concatenate([rz, n], -1), hn, y)
+    return (valid_or(m, h_new, h), None,
+            (jnp.concatenate([rz, n], -1), hn, zero_padded(m, h_new)))
 
   bufs = (xp, jnp.zeros((B, T, H), xp.dtype), jnp.zeros((B, T, H), xp.dtype))
   h, _, saved = scan_overwrite(body, h0, bufs, mask, unroll=unroll, axis=1,
@@ -101,12 +100,10 @@ def _layer_bwd(unroll, res, cot):
     dn = dh_new * (1 - z) * (1 - n * n)                      # through tanh
     drz = jnp.concatenate([dn * hn_t * r * (1 - r),          # through sigma
                            dh_new * (h_prev - n) * z * (1 - z)], -1)
-    if m is not None:
-      dn, drz = jnp.where(m, dn, 0), jnp.where(m, drz, 0)
+    dn, drz = zero_padded(m, (dn, drz))
     dhn = dn * r
-    dh_prev = dh_new * z + jnp.concatenate([drz, dhn], -1) @ Wt
-    if m is not None:
-      dh_prev = jnp.where(m, dh_prev, dh)
+    dh_prev = valid_or(m, dh_new * z + jnp.concatenate([drz, dhn], -1) @ Wt,
+                       dh)
     return dh_prev, None, (jnp.concatenate([drz, dn], -1), dhn)
 
   inputs = (hp, dys) if mask is None else (hp, dys, mask)

@@ -415,6 +415,24 @@ def batch_major_mask(where: str, lengths, B: int, T: int):
   return None if valid is None else valid[:, :, None]
 
 
+def valid_or(m, new, old):
+  """new on a step's valid rows and old on its padded ones (m: the step's
+  [B, 1] slice of the mask, None when nothing is padded); new and old are
+  arrays or pytrees of one structure. A padded step keeps its carry, and
+  in the backward passes the carry's cotangent through."""
+  if m is None:
+    return new
+  return jax.tree_util.tree_map(lambda n, o: jnp.where(m, n, o), new, old)
+
+
+def zero_padded(m, a):
+  """a (an array or a pytree) with its padded rows zeroed: a padded step's
+  output, and the cotangents that reach its step."""
+  if m is None:
+    return a
+  return jax.tree_util.tree_map(lambda x: jnp.where(m, x, 0), a)
+
+
 def check_state_layer(where: str, H: int, xp, width: str, n: int, h,
                       name: str = "xp", sizes: str | None = None):
   """Checks a batch-major layer's inputs xp [B, T, n] (named `name` in the

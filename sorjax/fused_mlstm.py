@@ -40,7 +40,8 @@ import numpy as np
 from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import (_activation_consts, batch_major_mask,
                                check_lstm_state, check_unroll, previous_steps,
-                               row_products, scan_overwrite)
+                               row_products, scan_overwrite, valid_or,
+                               zero_padded)
 
 Array = jax.Array
 
@@ -75,10 +76,8 @@ def _forward(unroll, candidate, W_mh, W_m, gx, mx, mask, h0, c0):
     i, f, g, o = jnp.split(A, 4, axis=-1)
     c_new = f * c + i * g
     h_new = o * jnp.tanh(c_new)
-    if msk is None:
-      return (h_new, c_new), (h_new, c), (A, z, m)
-    h_new, c_new = jnp.where(msk, h_new, h), jnp.where(msk, c_new, c)
-    return (h_new, c_new), (jnp.where(msk, h_new, 0), c), (A, z, m)
+    return (valid_or(msk, (h_new, c_new), carry),
+            (zero_padded(msk, h_new), c), (A, z, m))
 
   inputs = (mx,) if mask is None else (mx, mask)
   final, (ys, cs), bufs = scan_overwrite(
@@ -111,9 +110,7 @@ def _layer_bwd(unroll, candidate, res, cot):
     dh, dc = carry
     A, z, mx_t = buf
     c_prev, dy, msk = inp if mask is not None else (*inp, None)
-    dh_t, dc_t = dy + dh, dc                                 # dL/dh_t, dL/dc_t
-    if msk is not None:
-      dh_t, dc_t = jnp.where(msk, dh_t, 0), jnp.where(msk, dc_t, 0)
+    dh_t, dc_t = zero_padded(msk, (dy + dh, dc))             # dL/dh_t, dL/dc_t
     i, f, g, o = jnp.split(A, 4, axis=-1)
     tc = jnp.tanh(f * c_prev + i * g)                       # tanh(c_t)
     dct = dc_t + dh_t * o * (1 - tc * tc)
@@ -124,11 +121,8 @@ def _layer_bwd(unroll, candidate, res, cot):
       dp = jnp.where(lin, dA, dp)
     dm = dp @ W_mt
     dz = dm * mx_t
-    dh_prev, dc_prev = dz @ W_mht, dct * f
-    if msk is not None:
-      dh_prev = jnp.where(msk, dh_prev, dh)
-      dc_prev = jnp.where(msk, dc_prev, dc)
-    return (dh_prev, dc_prev), None, (dp, dm * z, dz)
+    return (valid_or(msk, (dz @ W_mht, dct * f), carry), None,
+            (dp, dm * z, dz))
 
   inputs = (jnp.swapaxes(cs, 0, 1), dys)
   (dh0, dc0), _, (dps, dmxs, dzs) = scan_overwrite(

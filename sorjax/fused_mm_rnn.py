@@ -53,7 +53,8 @@ import jax.numpy as jnp
 from sorjax.cells.mm_lstm import MMLSTMCarry, MMLSTMInputs
 from sorjax.cells.mm_rnn import MMRNNCarry, MMRNNInputs, fused_recurrent, mix
 from sorjax.fused_lstm import (batch_major_mask, check_unroll,
-                               previous_steps, row_products, scan_overwrite)
+                               previous_steps, row_products, scan_overwrite,
+                               valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -154,10 +155,8 @@ def _rnn_forward(unroll, Ws, P_h, P_vs, hx, vx, mask, h0, v0):
     hx_t, vx_t = b
     pre, v_new = _mix_forward(Ws, P_h, P_vs, Wc, h, v, vx_t)
     h_new = jnp.tanh(pre + hx_t)                             # eq. 8
-    if m is None:
-      return (h_new, v_new), None, (h_new, v_new)
-    h_new, v_new = jnp.where(m, h_new, h), jnp.where(m, v_new, v)
-    return (h_new, v_new), None, (jnp.where(m, h_new, 0), v_new)
+    new = valid_or(m, (h_new, v_new), carry)
+    return new, None, (zero_padded(m, h_new), new[1])
 
   (h, v), _, (ys, vs) = scan_overwrite(body, (h0, v0), (hx, vx), mask,
                                        unroll=unroll, axis=1, xs_axis=1)
@@ -186,16 +185,11 @@ def _rnn_layer_bwd(unroll, res, cot):
     dh, dv = carry
     h, v = b
     h_prev, dy, m = inp if mask is not None else (*inp, None)
-    dpre = (dy + dh) * (1 - h * h)                           # through tanh
-    if m is not None:  # a padded step passed its carry through
-      dpre = jnp.where(m, dpre, 0)
+    dpre = zero_padded(m, (dy + dh) * (1 - h * h))           # through tanh
     dh_prev, dv_prev, dlog = _mix_backward(Wts, P_hT, P_vTs, Ks, dpre,
                                            h_prev, v, dv)
-    if m is not None:
-      dlog = jnp.where(m, dlog, 0)
-      dh_prev = jnp.where(m, dh_prev, dh)
-      dv_prev = jnp.where(m, dv_prev, dv)
-    return (dh_prev, dv_prev), None, (dpre, dlog)
+    return (valid_or(m, (dh_prev, dv_prev), carry), None,
+            (dpre, zero_padded(m, dlog)))
 
   inputs = (hp, dys) if mask is None else (hp, dys, mask)
   (dh0, dv0), _, (dpre, dlog) = scan_overwrite(
@@ -227,11 +221,8 @@ def _lstm_forward(unroll, Ws, P_h, P_vs, gx, vx, mask, h0, c0, v0):
     c_hat, i, f, o = (A[:, k * H:(k + 1) * H] for k in range(4))
     c_new = f * c + i * c_hat                                # eq. 21
     h_new = o * jnp.tanh(c_new)                              # eq. 22
-    if m is None:
-      return (h_new, c_new, v_new), (h_new, c), (A, v_new)
-    h_new, c_new = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
-    v_new = jnp.where(m, v_new, v)
-    return (h_new, c_new, v_new), (jnp.where(m, h_new, 0), c), (A, v_new)
+    new = valid_or(m, (h_new, c_new, v_new), carry)
+    return new, (zero_padded(m, h_new), c), (A, new[2])
 
   final, (ys, cs), (As, vs) = scan_overwrite(
       body, (h0, c0, v0), (gx, vx), mask, unroll=unroll, axis=1, xs_axis=1)
@@ -265,9 +256,7 @@ def _lstm_layer_bwd(unroll, res, cot):
     h_prev, c_prev, dy, m = inp if mask is not None else (*inp, None)
     c_hat, i, f, o = (A[:, k * H:(k + 1) * H] for k in range(4))
     tc = jnp.tanh(f * c_prev + i * c_hat)                    # tanh(c_t)
-    dh_t, dc_t = dy + dh, dc
-    if m is not None:  # a padded step passed its carry through
-      dh_t, dc_t = jnp.where(m, dh_t, 0), jnp.where(m, dc_t, 0)
+    dh_t, dc_t = zero_padded(m, (dy + dh, dc))
     dct = dc_t + dh_t * o * (1 - tc * tc)                    # dL/dc_t, total
     dpre = jnp.concatenate([dct * i * (1 - c_hat * c_hat),
                             dct * c_hat * i * (1 - i),
@@ -275,13 +264,8 @@ def _lstm_layer_bwd(unroll, res, cot):
                             dh_t * tc * o * (1 - o)], -1)
     dh_prev, dv_prev, dlog = _mix_backward(Wts, P_hT, P_vTs, Ks, dpre,
                                            h_prev, v, dv)
-    dc_prev = dct * f
-    if m is not None:
-      dlog = jnp.where(m, dlog, 0)
-      dh_prev = jnp.where(m, dh_prev, dh)
-      dc_prev = jnp.where(m, dc_prev, dc)
-      dv_prev = jnp.where(m, dv_prev, dv)
-    return (dh_prev, dc_prev, dv_prev), None, (dpre, dlog)
+    return (valid_or(m, (dh_prev, dct * f, dv_prev), carry), None,
+            (dpre, zero_padded(m, dlog)))
 
   cs = jnp.swapaxes(cs, 0, 1)  # batch-major like the other inputs
   inputs = (hp, cs, dys) if mask is None else (hp, cs, dys, mask)

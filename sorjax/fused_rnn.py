@@ -32,7 +32,7 @@ import jax.numpy as jnp
 from sorjax.cells import base
 from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
                                check_unroll, previous_steps, row_products,
-                               scan_overwrite)
+                               scan_overwrite, valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -50,9 +50,7 @@ def _forward(unroll, act, W, xp, mask, h0):
 
   def body(h, x_t, m):
     h_new = phi(x_t + h @ W)
-    if m is None:
-      return h_new, None, h_new
-    return jnp.where(m, h_new, h), None, jnp.where(m, h_new, 0)
+    return valid_or(m, h_new, h), None, zero_padded(m, h_new)
 
   h, _, ys = scan_overwrite(body, h0, xp, mask, unroll=unroll, axis=1,
                             xs_axis=1)
@@ -78,11 +76,8 @@ def _layer_bwd(unroll, act, res, cot):
 
   def body(dh, h, inp):  # h = h_t, overwritten with dpre_t
     dy, m = inp if mask is not None else (inp[0], None)
-    dpre = (dy + dh) * dphi(h)
-    if m is None:
-      return dpre @ Wt, None, dpre
-    dpre = jnp.where(m, dpre, 0)
-    return jnp.where(m, dpre @ Wt, dh), None, dpre
+    dpre = zero_padded(m, (dy + dh) * dphi(h))
+    return valid_or(m, dpre @ Wt, dh), None, dpre
 
   inputs = (dys,) if mask is None else (dys, mask)
   dh0, _, dxp = scan_overwrite(body, dh_T, ys, inputs, reverse=True,

@@ -46,7 +46,7 @@ from sorjax import fused_rnn
 from sorjax.cells import base
 from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
                                check_unroll, previous_steps, scan_overwrite,
-                               sum_dtype)
+                               sum_dtype, valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -66,9 +66,7 @@ def _forward(unroll, act, A, b, xs, mask, h0):
     x, m = inp if mask is not None else (inp[0], None)
     z = (h @ A_ij).reshape(*h.shape[:-1], D, H)  # h_{t-1}^T A[d], all d
     h_new = phi(jnp.einsum("bd,bdj->bj", x, z) + b[None])  # eq. 5
-    if m is None:
-      return h_new, None, h_new
-    return jnp.where(m, h_new, h), None, jnp.where(m, h_new, 0)
+    return valid_or(m, h_new, h), None, zero_padded(m, h_new)
 
   inputs = (xs,) if mask is None else (xs, mask)
   h, _, ys = scan_overwrite(body, h0, ys, inputs, unroll=unroll, axis=1,
@@ -97,14 +95,10 @@ def _layer_bwd(unroll, act, res, cot):
   def body(dh, buf, inp):  # (h_t, 0) -> (dpre_t, dx_t)
     h = buf[0]
     dy, x, h_prev, m = inp if mask is not None else (*inp, None)
-    dpre = (dy + dh) * dphi(h)
-    if m is not None:
-      dpre = jnp.where(m, dpre, 0)
+    dpre = zero_padded(m, (dy + dh) * dphi(h))
     w = jnp.einsum("bj,rj->br", dpre, A_dij).reshape(  # A[d] dpre_t, all d
         *h.shape[:-1], D, H)
-    dh_prev = jnp.einsum("bd,bdi->bi", x, w)
-    if m is not None:
-      dh_prev = jnp.where(m, dh_prev, dh)
+    dh_prev = valid_or(m, jnp.einsum("bd,bdi->bi", x, w), dh)
     return dh_prev, None, (dpre, jnp.einsum("bi,bdi->bd", h_prev, w))
 
   inputs = (dys, xs, hp) if mask is None else (dys, xs, hp, mask)
