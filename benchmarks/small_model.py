@@ -53,7 +53,8 @@ import sorjax
 from sorjax import cells
 from sorjax.cells.lstm import LSTM
 from benchmarks.jax_worker import JaxCase
-from sorjax.fused_lstm import lstm_layer, lstm_scan, scan_prefetch
+from sorjax.fused_lstm import lstm_layer, lstm_scan
+from sorjax.layer_scan import scan_prefetch
 
 B, T, H = 10, 200, 12
 CLOCK = time.process_time   # --clock wall: time.perf_counter

@@ -18,7 +18,7 @@ path. What they save over that generic path (`unroll._fused_scan`, which
 keeps z_t = h_{t-1} W for every step, [T, B, S*4H], and the carries (h, c)):
 
 - The forwards write the gate activations A_t (every cell's with
-  mix="states") over gx_t ([B, T, .], batch-major, `fused_lstm.
+  mix="states") over gx_t ([B, T, .], batch-major, `layer_scan.
   scan_overwrite` along axis 1) and stack only h_t and c_{t-1}; the
   backwards rebuild c_t from A_t and c_{t-1} and write the cotangent of
   gx_t over A_t. The activations are one elementwise map over the gates
@@ -49,19 +49,19 @@ import jax.numpy as jnp
 
 from sorjax.cells.attention_lstm import SecondOrderInputs, recurrent_matrix
 from sorjax.cells.base import LSTMCarry
-from sorjax.fused_lstm import (_activation_consts, batch_major_mask,
-                                check_lstm_state, check_unroll, previous_steps,
-                                row_products, scan_overwrite, valid_or,
-                                zero_padded)
+from sorjax.fused_lstm import activation_consts
+from sorjax.layer_scan import (batch_major_mask, check_lstm_state,
+                               check_unroll, previous_steps, row_products,
+                               scan_overwrite, valid_or, zero_padded)
 
 Array = jax.Array
 
 
 def _consts(S, H, forget_bias, dtype):
-  """(s, gamma, delta) of `fused_lstm._activation_consts` for S cells side
+  """(s, gamma, delta) of `fused_lstm.activation_consts` for S cells side
   by side: [S*4H] each."""
   return tuple(jnp.tile(a, S)
-               for a in _activation_consts(H, forget_bias, dtype, False))
+               for a in activation_consts(H, forget_bias, dtype, False))
 
 
 def _cells(A, c_prev, S):
@@ -177,7 +177,7 @@ def _gates_forward(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
   gx_t + sum_s alpha_s (h_{t-1} W_h[s]); A_t written over gx [B, T, 4H]."""
   S = alpha.shape[-1]
   B, H = h0.shape
-  s, gamma, delta = _activation_consts(H, forget_bias, W.dtype, False)
+  s, gamma, delta = activation_consts(H, forget_bias, W.dtype, False)
 
   def update(h, c, gx_t, a):
     g = gx_t + jnp.einsum("bs,bsn->bn", a, (h @ W).reshape(B, S, 4 * H))
@@ -211,7 +211,7 @@ def _gates_layer_bwd(unroll, forget_bias, res, cot):
   (dh_T, dc_T), dys = cot
   S = alpha.shape[-1]
   B, H = h0.shape
-  s, _, delta = _activation_consts(H, forget_bias, W.dtype, False)
+  s, _, delta = activation_consts(H, forget_bias, W.dtype, False)
   Wt = jnp.transpose(W.reshape(H, S, 4 * H), (2, 1, 0)).reshape(4 * H, S * H)
   hp = previous_steps(h0, ys, 1)                            # h_{t-1}
 

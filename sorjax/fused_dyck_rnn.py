@@ -11,7 +11,7 @@ transpose, so the backward is shifts too:
     dh_{t-1} = pop(g_t dh_t) + push((1 - g_t) dh_t)
     dg_t     = sum_k dh_t[k] (push(h_{t-1}) - pop(h_{t-1}))[k],   du_t = dh_t
 
-The forward writes h_t over u_t (batch-major, `fused_lstm.scan_overwrite`
+The forward writes h_t over u_t (batch-major, `layer_scan.scan_overwrite`
 along axis 1), which becomes the output; the backward writes du_t over
 h_t and stacks dg_t ([T, B, 1]). JAX's autodiff of the cell's scan, time-
 major, keeps per-step residuals of the shifts and transposes x, the
@@ -41,7 +41,7 @@ import jax.numpy as jnp
 
 from sorjax.cells import base
 from sorjax.cells.dyck_rnn import pop, push
-from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
+from sorjax.layer_scan import (batch_major_mask, check_state_layer,
                                check_unroll, previous_steps, scan_overwrite,
                                valid_or, zero_padded)
 

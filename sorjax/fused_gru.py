@@ -17,7 +17,7 @@ backwards, time-major):
   and hn'_t into one [B, T, H] buffer, h_t into another (the output); the
   backward writes the precompute's cotangent (dr~_t, dz~_t, dn~_t, the
   pre-activation gradients) over the activations and dn~_t * r_t, the
-  cotangent of hn_t, over hn'_t (`fused_lstm.scan_overwrite` along
+  cotangent of hn_t, over hn'_t (`layer_scan.scan_overwrite` along
   axis 1: no transposes).
 - dW_h = sum_t h_{t-1}^T [dr~_t | dz~_t | dn~_t r_t] after the loop: the
   r and z columns from one product with the precompute's cotangent (its
@@ -43,7 +43,7 @@ import jax
 import jax.numpy as jnp
 
 from sorjax.cells import base
-from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
+from sorjax.layer_scan import (batch_major_mask, check_state_layer,
                                check_unroll, previous_steps, row_products,
                                scan_overwrite, sum_dtype, valid_or,
                                zero_padded)

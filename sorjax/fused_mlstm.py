@@ -38,19 +38,19 @@ import jax.numpy as jnp
 import numpy as np
 
 from sorjax.cells.base import LSTMCarry
-from sorjax.fused_lstm import (_activation_consts, batch_major_mask,
-                               check_lstm_state, check_unroll, previous_steps,
-                               row_products, scan_overwrite, valid_or,
-                               zero_padded)
+from sorjax.fused_lstm import activation_consts
+from sorjax.layer_scan import (batch_major_mask, check_lstm_state,
+                               check_unroll, previous_steps, row_products,
+                               scan_overwrite, valid_or, zero_padded)
 
 Array = jax.Array
 
 
 def _map(H, candidate, dtype):
-  """(s, gamma, delta, lin): `fused_lstm._activation_consts` [1, 4H] and,
+  """(s, gamma, delta, lin): `fused_lstm.activation_consts` [1, 4H] and,
   for the identity candidate, a bool [1, 4H] marking g's columns, which
   stay linear (None for tanh)."""
-  s, gamma, delta = _activation_consts(H, 0.0, dtype, False)
+  s, gamma, delta = activation_consts(H, 0.0, dtype, False)
   lin = None
   if candidate == "identity":
     lin = jnp.asarray(np.repeat([False, False, True, False], H)[None])

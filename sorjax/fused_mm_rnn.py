@@ -26,7 +26,7 @@ backward and writes dz_t over it):
   sum_n K_n matmuls over all T*B rows, the FLOPs of the generic
   dW = sum_t h_{t-1}^T dz_t.
 - The loops overwrite the batch-major precompute buffers instead of
-  stacking fresh ones (`fused_lstm.scan_overwrite` along axis 1). mm_rnn's
+  stacking fresh ones (`layer_scan.scan_overwrite` along axis 1). mm_rnn's
   forward writes (h_t, v_t) over (hx_t, vx_t); mm_lstm's writes its gate
   activations and v_t over (gx_t, vx_t) and stacks h_t and c_{t-1}. The
   backwards write (dpre_t, dlogits_t), the cotangents of those inputs,
@@ -52,9 +52,9 @@ import jax.numpy as jnp
 
 from sorjax.cells.mm_lstm import MMLSTMCarry, MMLSTMInputs
 from sorjax.cells.mm_rnn import MMRNNCarry, MMRNNInputs, fused_recurrent, mix
-from sorjax.fused_lstm import (batch_major_mask, check_unroll,
-                               previous_steps, row_products, scan_overwrite,
-                               valid_or, zero_padded)
+from sorjax.layer_scan import (batch_major_mask, check_unroll, previous_steps,
+                               row_products, scan_overwrite, valid_or,
+                               zero_padded)
 
 Array = jax.Array
 

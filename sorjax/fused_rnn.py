@@ -8,7 +8,7 @@
 fused path (`unroll._fused_scan`) stacks h_{t-1} and z_t = h_{t-1} W for
 every step, time-major. Here the forward writes h_t over xp_t (the
 batch-major precompute becomes the output) and the backward writes
-dpre_t = dL/d(xp_t + z_t) over h_t (`fused_lstm.scan_overwrite` along
+dpre_t = dL/d(xp_t + z_t) over h_t (`layer_scan.scan_overwrite` along
 axis 1), which is the precompute's cotangent; dW = sum_t h_{t-1}^T dpre_t
 is one matmul after the loop.
 
@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 
 from sorjax.cells import base
-from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
+from sorjax.layer_scan import (batch_major_mask, check_state_layer,
                                check_unroll, previous_steps, row_products,
                                scan_overwrite, valid_or, zero_padded)
 

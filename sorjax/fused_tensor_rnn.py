@@ -44,7 +44,7 @@ import jax.numpy as jnp
 
 from sorjax import fused_rnn
 from sorjax.cells import base
-from sorjax.fused_lstm import (batch_major_mask, check_state_layer,
+from sorjax.layer_scan import (batch_major_mask, check_state_layer,
                                check_unroll, previous_steps, scan_overwrite,
                                sum_dtype, valid_or, zero_padded)
 

@@ -22,7 +22,7 @@ with its own VJP instead. The forward loop saves each step's incoming carry
 and z_t = r_{t-1} W. The backward loop recomputes `post` from them (its
 elementwise work, and a matmul inside `post` such as mrnn's m_t A), carries
 only the carry's cotangent and writes dz_t over the saved z_t (and, hoisted,
-dxp_t over xp_t: `fused_lstm.scan_overwrite`, no fresh zero-filled buffers);
+dxp_t over xp_t: `layer_scan.scan_overwrite`, no fresh zero-filled buffers);
 after it, dW = sum_t r_{t-1}^T dz_t is ONE [H_rec, T*B] x [T*B, N] matmul
 (what cuDNN and oneDNN do). With
 hoist=False `precompute` runs inside both loops and its parameters get one
@@ -65,7 +65,7 @@ import numpy as np
 
 from sorjax import (fused_attention_lstm, fused_dyck_rnn, fused_gru,
                     fused_lstm, fused_mlstm, fused_mm_rnn, fused_rnn,
-                    fused_tensor_rnn)
+                    fused_tensor_rnn, layer_scan)
 
 Array = jax.Array
 
@@ -384,7 +384,7 @@ def _fused_bwd(loop, res, cot):
     return (d_prev, _tree_add(dq, dq_t)), ys, w
 
   dq0 = jax.tree_util.tree_map(jnp.zeros_like, q1)
-  (d_carry, dq), (dxp, dz, uv_remat), buf = fused_lstm.scan_overwrite(
+  (d_carry, dq), (dxp, dz, uv_remat), buf = layer_scan.scan_overwrite(
       body, (d_final, dq0), buf,
       (None if loop.hoist else seq, mask, carries, dys, us), reverse=True,
       unroll=loop.unroll)
@@ -392,11 +392,11 @@ def _fused_bwd(loop, res, cot):
   dz = buf["z"] if zs is not None else dz
   if Q2 is not None:  # dQ2 = sum_t u_t^T dv_t: one matmul, as dW below
     us, dvs = uv_remat if zs is None else (us, buf["v"])
-    dq = {**dq, cell.second_matmul: fused_lstm.row_products(us, dvs,
+    dq = {**dq, cell.second_matmul: layer_scan.row_products(us, dvs,
                                                             Q2.dtype)}
   # dW = sum_t r_{t-1}^T dz_t: one matmul over all T*B rows, summed in at
   # least float32 (autodiff's per-step bfloat16 accumulator rounds T times).
-  dW = fused_lstm.row_products(cell.recurrent_input(carries), dz, W.dtype)
+  dW = layer_scan.row_products(cell.recurrent_input(carries), dz, W.dtype)
   if loop.hoist:
     dpp, dseq = (), dxp
   else:  # precompute's VJP, once over all steps
@@ -449,7 +449,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       saved carry and z_t, so "dots" is False there and True recomputes
       z_t = r_{t-1} W instead of storing it.
     unroll: steps per loop iteration (`lax.scan`'s unroll factor; the fused
-      loops run chunks of this many steps, `fused_lstm.scan_overwrite`).
+      loops run chunks of this many steps, `layer_scan.scan_overwrite`).
       None: `fused_lstm.default_unroll` on the LSTM layer path (2 for
       batch-major H <= 32, else 1), 1 on every other path.
     hoist: compute `cell.precompute` for all T before the scan (default) or
@@ -476,7 +476,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
   if fused_grad not in (None, True, False):
     raise ValueError(
         f"unroll: fused_grad must be None, True or False, got {fused_grad!r}")
-  fused_lstm.check_unroll("unroll", unroll)
+  layer_scan.check_unroll("unroll", unroll)
   fused = _fused_by_default(cell, remat) if fused_grad is None else fused_grad
   layer = _batch_major_layer(cell, params, hoist, remat, fused_grad, fused)
   if fused and layer is None and not supports_fused_grad(cell):
@@ -486,7 +486,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
         f"remat; {type(cell).__name__} has no split step")
   B, T, _ = xs.shape
   per_step, scalar = _split_aux(aux, B, T)
-  lengths = fused_lstm.check_lengths("unroll", lengths, B)
+  lengths = layer_scan.check_lengths("unroll", lengths, B)
   if carry is None:
     carry = cell.initial_carry(params, (B,))
 

@@ -1,0 +1,217 @@
+"""sorjax.layer_scan: the prefetching and overwriting scans against
+`jax.lax.scan` of the same body (both directions, inner axes, chunks of
+unrolled steps), and the padding and weight-sum helpers against hand-made
+cases and NumPy loops."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from sorjax.layer_scan import (batch_major_mask, check_lengths, check_unroll,
+                               previous_steps, row_products, scan_overwrite,
+                               scan_prefetch, sum_dtype, valid_or,
+                               zero_padded)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_prefetch_is_a_scan(reverse):
+  xs = (jnp.arange(12.0).reshape(6, 2), jnp.arange(6.0))
+
+  def body(c, x):
+    a, b = x
+    c = 0.5 * c + a * b
+    return c, c + b
+
+  ref = jax.lax.scan(body, jnp.ones(2), xs, reverse=reverse)
+  got = scan_prefetch(body, jnp.ones(2), xs, reverse=reverse)
+  for g, r in zip(jax.tree_util.tree_leaves(got),
+                  jax.tree_util.tree_leaves(ref)):
+    np.testing.assert_array_equal(g, r)
+  # zero steps, as lax.scan: the carry back and empty ys
+  empty = (xs[0][:0], xs[1][:0])
+  ref = jax.lax.scan(body, jnp.ones(2), empty, reverse=reverse)
+  got = scan_prefetch(body, jnp.ones(2), empty, reverse=reverse)
+  assert got[1].shape == ref[1].shape == (0, 2)
+  np.testing.assert_array_equal(got[0], ref[0])
+  with pytest.raises(ValueError, match="no arrays to scan over"):
+    scan_prefetch(body, jnp.ones(2), None)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("with_xs", [False, True])
+def test_scan_overwrite_writes_each_step_over_its_input(reverse, with_xs):
+  buf = jnp.arange(12.0).reshape(6, 2)
+  xs = jnp.arange(6.0) + 10 if with_xs else None
+
+  def body(c, b, x):  # w_t depends on the carry, so the order is checked
+    x = 1.0 if x is None else x
+    c = 0.5 * c + b * x
+    return c, c.sum(), 2.0 * b + c
+
+  def ref_body(c, inp):
+    c, y, w = body(c, *inp)
+    return c, (y, w)
+
+  rc, (ry, rw) = jax.lax.scan(ref_body, jnp.ones(2), (buf, xs),
+                              reverse=reverse)
+  c, ys, w = jax.jit(lambda b: scan_overwrite(body, jnp.ones(2), b, xs,
+                                              reverse=reverse))(buf)
+  for g, r in ((c, rc), (ys, ry), (w, rw)):
+    np.testing.assert_allclose(g, r, rtol=1e-6)
+  c0, ys0, w0 = scan_overwrite(body, jnp.ones(2), buf[:0], None)
+  assert ys0.shape == (0,) and w0.shape == (0, 2)
+  np.testing.assert_array_equal(c0, jnp.ones(2))
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+def test_scan_overwrite_along_an_inner_axis(reverse):
+  """axis=1: buf [N, T, M] is read and written at [:, t, :]; the result is
+  the axis-0 scan of the moved buffer, moved back."""
+  buf = jnp.arange(2.0 * 5 * 3).reshape(2, 5, 3)
+  xs = jnp.arange(5.0)
+
+  def body(c, b, x):
+    c = 0.5 * c + b * x
+    return c, c.sum(), b - c
+
+  rc, ry, rw = scan_overwrite(body, jnp.ones((2, 3)),
+                              jnp.moveaxis(buf, 1, 0), xs, reverse=reverse)
+  c, ys, w = jax.jit(lambda b: scan_overwrite(
+      body, jnp.ones((2, 3)), b, xs, reverse=reverse, axis=1))(buf)
+  np.testing.assert_allclose(c, rc, rtol=1e-6)
+  np.testing.assert_allclose(ys, ry, rtol=1e-6)
+  np.testing.assert_allclose(w, jnp.moveaxis(rw, 0, 1), rtol=1e-6)
+  with pytest.raises(ValueError, match=r"one length, got \[5, 4\]"):
+    scan_overwrite(body, jnp.ones((2, 3)), buf, xs[:4], axis=1)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("unroll", [1, 3])
+def test_scan_overwrite_steps_xs_along_xs_axis(reverse, unroll):
+  """xs_axis=1: x_t = xs[:, t] (and buf along axis=1): the same as the
+  scan of both moved to axis 0; ys stay stacked along axis 0."""
+  n = 7
+  buf = jnp.arange(2.0 * n * 3).reshape(2, n, 3) / 5
+  xs = jnp.cos(jnp.arange(4.0 * n).reshape(4, n))
+
+  def body(c, b, x):
+    c = 0.5 * c + b * x[:2, None]
+    return c, x, jnp.sin(b) + c
+
+  rc, ry, rw = scan_overwrite(body, jnp.ones((2, 3)), jnp.moveaxis(buf, 1, 0),
+                              xs.T, reverse=reverse, unroll=unroll)
+  c, ys, w = jax.jit(lambda b, x: scan_overwrite(
+      body, jnp.ones((2, 3)), b, x, reverse=reverse, unroll=unroll, axis=1,
+      xs_axis=1))(buf, xs)
+  np.testing.assert_allclose(c, rc, rtol=1e-6)
+  np.testing.assert_allclose(ys, ry, rtol=1e-6)
+  assert ys.shape == (n, 4)
+  np.testing.assert_allclose(w, jnp.moveaxis(rw, 0, 1), rtol=1e-6)
+  with pytest.raises(ValueError, match=r"xs \(along axis 1\) must have one "
+                     r"length, got \[7, 6\]"):
+    scan_overwrite(body, jnp.ones((2, 3)), buf, xs[:, :6], axis=1, xs_axis=1)
+
+
+@pytest.mark.parametrize("reverse", [False, True])
+@pytest.mark.parametrize("n,unroll", [(8, 4), (7, 3), (7, 2), (5, 9), (1, 3),
+                                      (6, 6)])
+@pytest.mark.parametrize("axis", [0, 1])
+def test_scan_overwrite_unrolled_in_chunks_is_the_scan(reverse, n, unroll,
+                                                        axis):
+  """unroll u > 1 runs chunks of u steps (and the n % u left one at a time):
+  every step, in order, against lax.scan of the same body."""
+  buf = jnp.arange(2.0 * n * 3).reshape(n, 2, 3) / 7
+  xs = (jnp.arange(n, dtype=jnp.float32) + 1, jnp.arange(2.0 * n).reshape(n, 2))
+
+  def body(c, b, x):  # w_t depends on the carry, so the order is checked
+    a, v = x
+    c = 0.5 * c + b * a + v[:, None]
+    return c, (c.sum(), a), jnp.sin(b) + c
+
+  def ref_body(c, inp):
+    c, y, w = body(c, *inp)
+    return c, (y, w)
+
+  rc, (ry, rw) = jax.lax.scan(ref_body, jnp.ones((2, 3)), (buf, xs),
+                              reverse=reverse)
+  b_in = jnp.moveaxis(buf, 0, axis)
+  c, ys, w = jax.jit(lambda b: scan_overwrite(
+      body, jnp.ones((2, 3)), b, xs, reverse=reverse, unroll=unroll,
+      axis=axis))(b_in)
+  np.testing.assert_allclose(c, rc, rtol=1e-6)
+  for g, r in zip(jax.tree_util.tree_leaves(ys), jax.tree_util.tree_leaves(ry)):
+    np.testing.assert_allclose(g, r, rtol=1e-6)
+  np.testing.assert_allclose(w, jnp.moveaxis(rw, 0, axis), rtol=1e-6)
+  pc, pys = scan_prefetch(lambda c, x: body(c, x[0], x[1:])[:2], jnp.ones((2, 3)),
+                          (buf, *xs), reverse=reverse, unroll=unroll)
+  np.testing.assert_allclose(pc, rc, rtol=1e-6)
+  np.testing.assert_allclose(pys[0], ry[0], rtol=1e-6)
+  with pytest.raises(ValueError, match="unroll must be >= 1, got 0"):
+    scan_overwrite(body, jnp.ones((2, 3)), buf, xs, unroll=0)
+
+
+def test_padding_keeps_the_carry_and_zeroes_the_output():
+  """valid_or picks new rows where the step is valid and old ones where it
+  is padded, leaf by leaf of a pytree; zero_padded zeroes padded rows;
+  neither touches anything without a mask."""
+  m = jnp.array([[True], [False], [True]])                     # [B, 1]
+  new = {"h": jnp.full((3, 2), 1.0), "c": jnp.full((3, 2), 2.0)}
+  old = {"h": jnp.full((3, 2), -1.0), "c": jnp.full((3, 2), -2.0)}
+  got = valid_or(m, new, old)
+  np.testing.assert_array_equal(got["h"], [[1, 1], [-1, -1], [1, 1]])
+  np.testing.assert_array_equal(got["c"], [[2, 2], [-2, -2], [2, 2]])
+  np.testing.assert_array_equal(zero_padded(m, new["c"]),
+                                [[2, 2], [0, 0], [2, 2]])
+  assert valid_or(None, new, old) is new
+  assert zero_padded(None, new) is new
+
+
+def test_batch_major_mask_marks_a_prefix_of_each_example():
+  m = batch_major_mask("f", [2, 0, 3], 3, 3)
+  assert m.shape == (3, 3, 1) and m.dtype == jnp.bool_
+  np.testing.assert_array_equal(m[..., 0], [[1, 1, 0], [0, 0, 0], [1, 1, 1]])
+  assert batch_major_mask("f", None, 3, 3) is None
+  with pytest.raises(ValueError, match=r"f: lengths must have shape \[B\] = "
+                     r"\[3\], got \(2,\)"):
+    check_lengths("f", jnp.array([1, 2]), 3)
+  assert check_lengths("f", np.array([1, 2, 3], np.int64), 3).dtype == jnp.int32
+
+
+@pytest.mark.parametrize("bad", [0, -1, 1.5, True, "2"])
+def test_check_unroll_names_the_caller(bad):
+  check_unroll("f", None)
+  check_unroll("f", np.int64(3))
+  with pytest.raises(ValueError, match=r"f: unroll must be None or a positive "
+                     r"int, got"):
+    check_unroll("f", bad)
+
+
+@pytest.mark.parametrize("axis", [0, 1])
+def test_previous_steps_is_the_value_before_each_step(axis):
+  """[first, seq_0, .., seq_{T-2}] along the time axis."""
+  seq = np.arange(2.0 * 4 * 3).reshape(4, 2, 3)                # [T, B, H]
+  first = -np.ones((2, 3))
+  want = np.concatenate([first[None], seq[:-1]])
+  got = previous_steps(jnp.asarray(first), jnp.moveaxis(seq, 0, axis), axis)
+  np.testing.assert_array_equal(got, np.moveaxis(want, 0, axis))
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_row_products_sum_over_every_leading_row(dtype):
+  """sum over all T*B rows of a_r^T d_r, a loop over rows in float64; in
+  the input dtype, summed in at least float32."""
+  rng = np.random.default_rng(0)
+  a, d = (np.asarray(jnp.asarray(rng.normal(size=s), dtype), np.float64)
+          for s in ((5, 3, 4), (5, 3, 2)))                     # as rounded
+  want = np.zeros((4, 2))
+  for t in range(5):
+    for b in range(3):
+      want += np.outer(a[t, b], d[t, b])
+  got = row_products(jnp.asarray(a, dtype), jnp.asarray(d, dtype), dtype)
+  assert got.dtype == dtype and got.shape == (4, 2)
+  tol = 1e-5 if dtype == jnp.float32 else 1e-2
+  np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol,
+                             atol=tol)
+  assert sum_dtype(jnp.bfloat16) == jnp.float32
+  assert sum_dtype(jnp.float32) == jnp.float32
