@@ -75,3 +75,46 @@ def random_params(cell, D, seed):
 def normal(seed, shape, scale=1.0):
   return jnp.asarray(scale * np.random.default_rng(seed).standard_normal(
       shape), jnp.float32)
+
+
+def unroll_run(cell):
+  """`sorjax.unroll` of `cell` as run(params, xs) -> (final carry as a
+  tuple, ys), the form of the materialised references."""
+  import sorjax
+
+  def run(p, x):
+    carry, ys = sorjax.unroll(cell, p, x)
+    return tuple(carry), ys
+  return run
+
+
+def value_and_grads(run, params, xs, w):
+  """L = sum(ys * w) + sum over the final carry's arrays of sum(sin(c)),
+  and its gradients in (params, xs); run(params, xs) -> (carry, ys)."""
+  def loss(p, x):
+    carry, ys = run(p, x)
+    return jnp.sum(ys * w) + sum(jnp.sum(jnp.sin(c)) for c in carry)
+  return jax.value_and_grad(loss, argnums=(0, 1))(params, xs)
+
+
+def assert_matches_reference(cell, params, reference, xs, w, tol=1e-5):
+  """sorjax.unroll of `cell` equals `reference` (a materialised loop of
+  the paper's equations, run(params, xs) -> (carry, ys)) in
+  `value_and_grads`: the loss and every gradient."""
+  l1, g1 = jax.jit(lambda p, x: value_and_grads(unroll_run(cell), p, x, w))(
+      params, xs)
+  l2, g2 = jax.jit(lambda p, x: value_and_grads(reference, p, x, w))(
+      params, xs)
+  np.testing.assert_allclose(l1, l2, rtol=tol, atol=tol)
+  jax.tree_util.tree_map(
+      lambda a, b: np.testing.assert_allclose(a, b, rtol=tol, atol=tol),
+      g1, g2)
+
+
+def assert_init_in_dtype(cell, D, dtype=jnp.bfloat16):
+  """`cell.init(..., dtype=dtype)` gives every parameter, and
+  `cell.initial_carry` of those parameters every carry array, in dtype."""
+  p = jax.eval_shape(functools.partial(cell.init, input_size=D, dtype=dtype),
+                     jax.random.key(0))
+  assert {v.dtype for v in p.values()} == {jnp.dtype(dtype)}
+  assert {a.dtype for a in cell.initial_carry(p, (2,))} == {jnp.dtype(dtype)}

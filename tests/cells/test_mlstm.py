@@ -1,7 +1,6 @@
 """mlstm against a NumPy loop of Krause et al.'s equations (column form) and a
 JAX reference that materialises each example's transition matrix."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +8,9 @@ import numpy as np
 import pytest
 
 import sorjax
-from tests.cells.reference import normal, random_params, assert_no_bhh, np_params, sigmoid
+from tests.cells.reference import (assert_init_in_dtype,
+                                   assert_matches_reference, assert_no_bhh,
+                                   normal, np_params, random_params, sigmoid)
 
 ACT = {"identity": lambda z: z, "tanh": np.tanh}
 
@@ -97,21 +98,8 @@ def test_equals_materialised_reference_values_and_gradients(act):
   xs = normal(5, (2, 5, 3))
   w = normal(6, (2, 5, 4))
 
-  def loss(run):
-    def f(p, x):
-      (h, c), ys = run(p, x)
-      return jnp.sum(ys * w) + jnp.sum(h * c)
-    return jax.value_and_grad(f, argnums=(0, 1))(params, xs)
-
-  def ours(p, x):
-    carry, ys = sorjax.unroll(cell, p, x)
-    return (carry.h, carry.c), ys
-  (l1, g1), (l2, g2) = loss(ours), loss(
-      lambda p, x: materialised_unroll(p, x, act))
-  np.testing.assert_allclose(l1, l2, rtol=1e-5, atol=1e-5)
-  jax.tree_util.tree_map(
-      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
-      g1, g2)
+  assert_matches_reference(cell, params,
+                           lambda p, x: materialised_unroll(p, x, act), xs, w)
 
 
 def test_no_per_example_transition_forward_or_backward():
@@ -133,12 +121,7 @@ def test_param_names_shapes_and_carry():
   carry = cell.initial_carry(params, (2,))
   assert carry._fields == ("h", "c")
   assert carry.h.shape == carry.c.shape == (2, 4)
-  bf16 = jax.eval_shape(functools.partial(cell.init, input_size=D,
-                                          dtype=jnp.bfloat16),
-                        jax.random.key(0))
-  assert {v.dtype for v in bf16.values()} == {jnp.dtype(jnp.bfloat16)}
-  assert {a.dtype for a in cell.initial_carry(bf16, (2,))} == {
-      jnp.dtype(jnp.bfloat16)}
+  assert_init_in_dtype(cell, D)
 
 
 def test_docstring_says_it_is_not_xlstm():

@@ -1,7 +1,6 @@
 """mm_rnn against a NumPy loop of Renganathan & Singh eq. 6-8 in the paper's
 column form, and a JAX reference that materialises W_hh(t) per example."""
 
-import functools
 
 import jax
 import jax.numpy as jnp
@@ -9,7 +8,10 @@ import numpy as np
 import pytest
 
 import sorjax
-from tests.cells.reference import normal, random_params, assert_no_bhh, np_params
+from tests.cells.reference import (assert_init_in_dtype,
+                                   assert_matches_reference, assert_no_bhh,
+                                   normal, np_params, random_params,
+                                   unroll_run, value_and_grads)
 
 
 def make(H=4, K=3, D=2, seed=0):
@@ -118,32 +120,11 @@ def materialised_unroll(p, xs):
   return (h, v), jnp.swapaxes(ys, 0, 1)
 
 
-def ours(cell):
-  def run(p, x):
-    carry, ys = sorjax.unroll(cell, p, x)
-    return tuple(carry), ys
-  return run
-
-
-def value_and_grads(run, params, xs, w):
-  def loss(p, x):
-    carry, ys = run(p, x)
-    return jnp.sum(ys * w) + sum(jnp.sum(jnp.sin(c)) for c in carry)
-  return jax.value_and_grad(loss, argnums=(0, 1))(params, xs)
-
-
 def test_equals_materialised_reference_values_and_gradients():
   cell, params = make()
   xs = normal(5, (2, 5, 2))
   w = normal(6, (2, 5, 4))
-  l1, g1 = jax.jit(lambda p, x: value_and_grads(ours(cell), p, x, w))(
-      params, xs)
-  l2, g2 = jax.jit(lambda p, x: value_and_grads(materialised_unroll, p, x, w))(
-      params, xs)
-  np.testing.assert_allclose(l1, l2, rtol=1e-5, atol=1e-5)
-  jax.tree_util.tree_map(
-      lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5),
-      g1, g2)
+  assert_matches_reference(cell, params, materialised_unroll, xs, w)
 
 
 def test_no_per_example_transition_forward_or_backward():
@@ -151,7 +132,7 @@ def test_no_per_example_transition_forward_or_backward():
   cell, params = make(H=H, K=K, D=D)
   xs = normal(1, (B, T, D))
   w = jnp.ones((B, T, H))
-  assert_no_bhh(lambda p, x: value_and_grads(ours(cell), p, x, w),
+  assert_no_bhh(lambda p, x: value_and_grads(unroll_run(cell), p, x, w),
                 (params, xs), B, H)
   with pytest.raises(AssertionError, match="per-example"):  # the check bites
     assert_no_bhh(lambda p, x: value_and_grads(materialised_unroll, p, x, w),
@@ -184,12 +165,7 @@ def test_param_names_shapes_and_carry():
   carry = cell.initial_carry(params, (5,))
   assert carry._fields == ("h", "v")
   assert carry.h.shape == (5, 4) and carry.v.shape == (5, 3)
-  bf16 = jax.eval_shape(functools.partial(cell.init, input_size=D,
-                                          dtype=jnp.bfloat16),
-                        jax.random.key(0))
-  assert {v.dtype for v in bf16.values()} == {jnp.dtype(jnp.bfloat16)}
-  assert {a.dtype for a in cell.initial_carry(bf16, (2,))} == {
-      jnp.dtype(jnp.bfloat16)}
+  assert_init_in_dtype(cell, D)
   assert sorjax.cells.make("mm_rnn", hidden_size=2).num_matrices == 4
 
 
