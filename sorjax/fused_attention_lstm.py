@@ -51,8 +51,8 @@ from sorjax.cells.attention_lstm import SecondOrderInputs, recurrent_matrix
 from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import activation_consts
 from sorjax.layer_scan import (batch_major_mask, check_lstm_state,
-                               check_unroll, previous_steps, row_products,
-                               scan_overwrite, valid_or, zero_padded)
+                               previous_steps, row_products, scan_overwrite,
+                               unroll_steps, valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -315,9 +315,8 @@ def attention_lstm_layer(W: Array, forget_bias: float, xp: SecondOrderInputs,
     raise ValueError(f"{where}: xp.alpha must be [B, T, S] = [{B}, {T}, "
                      f"{S}], got {alpha.shape}")
   check_lstm_state(where, carry, B, H, T)
-  check_unroll(where, unroll)
   layer = _layer if mix == "states" else _gates_layer
-  (h, c), ys = layer(1 if unroll is None else int(unroll),
+  (h, c), ys = layer(unroll_steps(where, unroll),
                      float(forget_bias), W, gx.reshape(B, T, -1), alpha,
                      batch_major_mask(where, lengths, B, T), carry.h,
                      carry.c)

@@ -42,7 +42,7 @@ import jax.numpy as jnp
 from sorjax.cells import base
 from sorjax.cells.dyck_rnn import pop, push
 from sorjax.layer_scan import (batch_major_mask, check_state_layer,
-                               check_unroll, previous_steps, scan_overwrite,
+                               previous_steps, scan_overwrite, unroll_steps,
                                valid_or, zero_padded)
 
 Array = jax.Array
@@ -134,7 +134,6 @@ def dyck_rnn_layer(xp, carry: base.HCarry, lengths: Array | None = None,
   if g.shape != (B, T, 1):
     raise ValueError(f"{where}: xp.g must be [B, T, 1] = [{B}, {T}, 1], "
                      f"got {g.shape}")
-  check_unroll(where, unroll)
-  h, ys = _layer(1 if unroll is None else int(unroll), g, u,
+  h, ys = _layer(unroll_steps(where, unroll), g, u,
                  batch_major_mask(where, lengths, B, T), carry.h)
   return base.HCarry(h), ys

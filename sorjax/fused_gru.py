@@ -44,9 +44,8 @@ import jax.numpy as jnp
 
 from sorjax.cells import base
 from sorjax.layer_scan import (batch_major_mask, check_state_layer,
-                               check_unroll, previous_steps, row_products,
-                               scan_overwrite, sum_dtype, valid_or,
-                               zero_padded)
+                               previous_steps, row_products, scan_overwrite,
+                               sum_dtype, unroll_steps, valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -166,7 +165,6 @@ def gru_layer(W_h: Array, b_hn: Array, xp: Array, carry: base.HCarry,
   if b_hn.shape != (H,):
     raise ValueError(f"{where}: b_hn must be [H] = [{H}], got {b_hn.shape}")
   B, T = check_state_layer(where, H, xp, "3H", 3 * H, carry.h)
-  check_unroll(where, unroll)
-  h, ys = _layer(1 if unroll is None else int(unroll), W_h, b_hn, xp,
+  h, ys = _layer(unroll_steps(where, unroll), W_h, b_hn, xp,
                  batch_major_mask(where, lengths, B, T), carry.h)
   return base.HCarry(h), ys

@@ -54,8 +54,8 @@ import jax.numpy as jnp
 import numpy as np
 
 from sorjax.cells.base import LSTMCarry, check_input
-from sorjax.layer_scan import (check_unroll, previous_steps, row_products,
-                               scan_overwrite, sum_dtype, valid_steps)
+from sorjax.layer_scan import (previous_steps, row_products, scan_overwrite,
+                               sum_dtype, unroll_steps, valid_steps)
 
 Array = jax.Array
 
@@ -76,10 +76,8 @@ def default_unroll(H: int, layout: str) -> int:
 
 
 def _unroll_factor(where: str, unroll, H: int, tr: bool) -> int:
-  check_unroll(where, unroll)
-  if unroll is None:
-    return default_unroll(H, "gate_major" if tr else "batch_major")
-  return int(unroll)
+  return unroll_steps(where, unroll,
+                      default_unroll(H, "gate_major" if tr else "batch_major"))
 
 
 def activation_consts(H: int, forget_bias: float, dtype, tr: bool):

@@ -40,8 +40,8 @@ import numpy as np
 from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import activation_consts
 from sorjax.layer_scan import (batch_major_mask, check_lstm_state,
-                               check_unroll, previous_steps, row_products,
-                               scan_overwrite, valid_or, zero_padded)
+                               previous_steps, row_products, scan_overwrite,
+                               unroll_steps, valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -199,8 +199,7 @@ def mlstm_layer(W_mh: Array, W_m: Array, xp, carry: LSTMCarry,
     raise ValueError(f"{where}: xp.mx must be [B, T, M] = [{B}, {T}, {M}], "
                      f"got {mx.shape}")
   check_lstm_state(where, carry, B, H, T)
-  check_unroll(where, unroll)
-  (h, c), ys = _layer(1 if unroll is None else int(unroll),
+  (h, c), ys = _layer(unroll_steps(where, unroll),
                       candidate_activation, W_mh, W_m, gx, mx,
                       batch_major_mask(where, lengths, B, T), carry.h,
                       carry.c)

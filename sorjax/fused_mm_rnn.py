@@ -52,8 +52,8 @@ import jax.numpy as jnp
 
 from sorjax.cells.mm_lstm import MMLSTMCarry, MMLSTMInputs
 from sorjax.cells.mm_rnn import MMRNNCarry, MMRNNInputs, fused_recurrent, mix
-from sorjax.layer_scan import (batch_major_mask, check_unroll, previous_steps,
-                               row_products, scan_overwrite, valid_or,
+from sorjax.layer_scan import (batch_major_mask, previous_steps, row_products,
+                               scan_overwrite, unroll_steps, valid_or,
                                zero_padded)
 
 Array = jax.Array
@@ -377,9 +377,8 @@ def mm_rnn_layer(W: Array, P_h: Array, P_v: Array, xp: MMRNNInputs,
   """
   where = "mm_rnn_layer"
   B, T, _, _ = _check(where, (W,), P_h, (P_v,), xp, 1, carry.h, (carry.v,))
-  check_unroll(where, unroll)
-  (h, v), ys = _rnn_layer(1 if unroll is None else int(unroll), (W,), P_h,
-                          (P_v,), xp.hx, xp.vx, batch_major_mask(where, lengths, B, T),
+  (h, v), ys = _rnn_layer(unroll_steps(where, unroll), (W,), P_h, (P_v,),
+                          xp.hx, xp.vx, batch_major_mask(where, lengths, B, T),
                           carry.h, carry.v)
   return MMRNNCarry(h, v), ys
 
@@ -411,9 +410,8 @@ def mm_lstm_layer(Ws, P_h: Array, P_vs, xp: MMLSTMInputs,
   if carry.c.shape != (B, H):
     raise ValueError(f"{where}: carry.c must be [B, H] = [{B}, {H}], got "
                      f"{carry.c.shape}")
-  check_unroll(where, unroll)
   (h, c, v), ys = _lstm_layer(
-      1 if unroll is None else int(unroll), tuple(Ws), P_h, tuple(P_vs),
+      unroll_steps(where, unroll), tuple(Ws), P_h, tuple(P_vs),
       xp.gx, xp.vx, batch_major_mask(where, lengths, B, T), carry.h, carry.c,
       jnp.concatenate(keys, axis=-1))
   o = _offsets(Ks)

@@ -31,8 +31,8 @@ import jax.numpy as jnp
 
 from sorjax.cells import base
 from sorjax.layer_scan import (batch_major_mask, check_state_layer,
-                               check_unroll, previous_steps, row_products,
-                               scan_overwrite, valid_or, zero_padded)
+                               previous_steps, row_products, scan_overwrite,
+                               unroll_steps, valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -135,7 +135,6 @@ def rnn_layer(W: Array, xp: Array, carry: base.HCarry,
   if activation not in DERIVATIVE:
     raise ValueError(f"{where}: activation must be one of "
                      f"{sorted(DERIVATIVE)}, got {activation!r}")
-  check_unroll(where, unroll)
-  h, ys = _layer(1 if unroll is None else int(unroll), activation, W, xp,
+  h, ys = _layer(unroll_steps(where, unroll), activation, W, xp,
                  batch_major_mask(where, lengths, B, T), carry.h)
   return base.HCarry(h), ys

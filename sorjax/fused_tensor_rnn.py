@@ -45,8 +45,8 @@ import jax.numpy as jnp
 from sorjax import fused_rnn
 from sorjax.cells import base
 from sorjax.layer_scan import (batch_major_mask, check_state_layer,
-                               check_unroll, previous_steps, scan_overwrite,
-                               sum_dtype, valid_or, zero_padded)
+                               previous_steps, scan_overwrite, sum_dtype,
+                               unroll_steps, valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -171,7 +171,6 @@ def tensor_rnn_layer(A: Array, b: Array, xs: Array, carry: base.HCarry,
   if activation not in _DERIVATIVE:
     raise ValueError(f"{where}: activation must be one of "
                      f"{sorted(_DERIVATIVE)}, got {activation!r}")
-  check_unroll(where, unroll)
-  h, ys = _layer(1 if unroll is None else int(unroll), activation, A, b, xs,
+  h, ys = _layer(unroll_steps(where, unroll), activation, A, b, xs,
                  batch_major_mask(where, lengths, B, T), carry.h)
   return base.HCarry(h), ys

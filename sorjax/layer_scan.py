@@ -45,6 +45,13 @@ def check_unroll(where: str, unroll) -> None:
                      f"{unroll!r}")
 
 
+def unroll_steps(where: str, unroll, default: int = 1) -> int:
+  """The steps per loop iteration for a layer's `unroll` argument: `default`
+  for None, the int given otherwise (`check_unroll` names `where`)."""
+  check_unroll(where, unroll)
+  return default if unroll is None else int(unroll)
+
+
 def _scan_ahead(where, body, carry, buf, xs, reverse, unroll, axis=0,
                 xs_axis=0):
   """The loop of `scan_prefetch` (buf None) and `scan_overwrite`: step t

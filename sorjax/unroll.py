@@ -222,7 +222,8 @@ def _scan_time_major(cell, params, xs, per_step, scalar, carry, lengths,
                                       carry, lengths, lstm.forget_bias,
                                       unroll, name=lstm.name)
   else:
-    loop = _Loop(cell, hoist, remat, 1 if unroll is None else int(unroll))
+    loop = _Loop(cell, hoist, remat,
+                 layer_scan.unroll_steps("unroll", unroll))
     if hoist:
       seq, pp = _precompute_rows(cell, params, xs_tm, per_step_tm, scalar), ()
     else:

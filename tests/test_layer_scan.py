@@ -10,8 +10,8 @@ import pytest
 
 from sorjax.layer_scan import (batch_major_mask, check_lengths, check_unroll,
                                previous_steps, row_products, scan_overwrite,
-                               scan_prefetch, sum_dtype, valid_or,
-                               zero_padded)
+                               scan_prefetch, sum_dtype, unroll_steps,
+                               valid_or, zero_padded)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -185,6 +185,12 @@ def test_check_unroll_names_the_caller(bad):
   with pytest.raises(ValueError, match=r"f: unroll must be None or a positive "
                      r"int, got"):
     check_unroll("f", bad)
+  with pytest.raises(ValueError, match=r"g: unroll must be None or a positive "
+                     r"int, got"):
+    unroll_steps("g", bad)
+  assert unroll_steps("g", None) == 1 and unroll_steps("g", None, 2) == 2
+  assert unroll_steps("g", np.int32(3), 2) == 3
+  assert type(unroll_steps("g", np.int32(3))) is int
 
 
 @pytest.mark.parametrize("axis", [0, 1])
