@@ -114,6 +114,21 @@ class EpochBatches:
       yield self.to_batch(b), {"batch": self.batcher.get_state()["batch"]}
 
 
+class EpochModelTask(ModelTask):
+  """A ModelTask that trains on `self.epochs` (an `EpochBatches`, set by the
+  subclass) and starts every batch from the zero carry."""
+  epochs: EpochBatches
+
+  def num_train_batches(self):
+    return len(self.epochs)
+
+  def train_batches(self, epoch, position):
+    return self.epochs(epoch, position)
+
+  def init_carry(self, params):
+    return ()
+
+
 def masked_mean(values, mask):
   mask = mask.astype(values.dtype)
   return jnp.sum(values * mask) / jnp.maximum(jnp.sum(mask), 1.0)

@@ -25,8 +25,8 @@ import optax
 from sorjax.analysis import dyck_metrics
 from sorjax.data import batching, dyck, pcfg
 from sorjax.models import DyckModel
-from sorjax.training.tasks.base import (EpochBatches, ModelTask, masked_mean,
-                                        step_mask)
+from sorjax.training.tasks.base import (EpochBatches, EpochModelTask,
+                                        masked_mean, step_mask)
 from sorjax.training.tasks.common import ConfigError, build_model, \
     trunk_kwargs
 
@@ -61,7 +61,7 @@ def _boundaries(lengths, d):
   return batching.length_boundaries(lengths, d.num_buckets, d.bucket_multiple)
 
 
-class DyckLM(ModelTask):
+class DyckLM(EpochModelTask):
   name = "dyck_lm"
 
   def __init__(self, config):
@@ -89,15 +89,6 @@ class DyckLM(ModelTask):
   @staticmethod
   def _to_batch(b):
     return {"inputs": b.inputs, "targets": b.targets, "lengths": b.lengths}
-
-  def num_train_batches(self):
-    return len(self.epochs)
-
-  def train_batches(self, epoch, position):
-    return self.epochs(epoch, position)
-
-  def init_carry(self, params):
-    return ()
 
   def loss(self, params, carry, batch, rng, temperature, train):
     logits, _ = self.apply(params, batch["inputs"], batch["lengths"],
@@ -210,7 +201,7 @@ class DyckClosing(DyckLM):
             "close_accuracy": dyck_metrics.accuracy(counts)}
 
 
-class DyckPCFGTask(ModelTask):
+class DyckPCFGTask(EpochModelTask):
   name = "dyck_pcfg"
 
   def __init__(self, config):
@@ -250,15 +241,6 @@ class DyckPCFGTask(ModelTask):
         t = self._targets[split][i]
         tgt[r, :len(t)] = t
     return {"inputs": b.inputs, "targets": tgt, "lengths": b.lengths}
-
-  def num_train_batches(self):
-    return len(self.epochs)
-
-  def train_batches(self, epoch, position):
-    return self.epochs(epoch, position)
-
-  def init_carry(self, params):
-    return ()
 
   def _per_step_loss(self, logits, targets):
     if self.loss_kind == "mse":
