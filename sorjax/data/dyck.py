@@ -77,6 +77,21 @@ def split_seeds(seed: int, names: Sequence[str]) -> dict[str, int]:
   return {n: int(c.generate_state(1)[0]) for n, c in zip(names, children)}
 
 
+def preset_and_seeds(presets: dict, preset, seed, scale: float):
+  """What a `make_splits` starts from: the preset (`preset` itself, or
+  the one `presets` names) and a seed per split (`split_seeds` of `seed`);
+  a ValueError for an unknown name, a bad seed or a scale outside (0, 1]."""
+  if isinstance(preset, str):
+    if preset not in presets:
+      raise ValueError(f"make_splits: unknown preset {preset!r}; "
+                       f"known: {sorted(presets)}")
+    preset = presets[preset]
+  if not 0 < scale <= 1:
+    raise ValueError(f"make_splits: scale must be in (0, 1], got {scale}")
+  return preset, split_seeds(check_seed("make_splits", seed),
+                             [s for s, _ in preset.splits])
+
+
 # ---------------------------------------------------------------- brackets
 
 def bracket_pairs(is_open: np.ndarray, owner: str = "brackets",
@@ -450,15 +465,7 @@ def make_splits(preset: str | DyckPreset, seed: int = 0,
   """Samples every split of a preset (a name in PRESETS or a DyckPreset),
   each from its own seed derived from `seed`; `scale` shrinks the counts
   (e.g. for a smoke run)."""
-  if isinstance(preset, str):
-    if preset not in PRESETS:
-      raise ValueError(f"make_splits: unknown preset {preset!r}; "
-                       f"known: {sorted(PRESETS)}")
-    preset = PRESETS[preset]
-  if not 0 < scale <= 1:
-    raise ValueError(f"make_splits: scale must be in (0, 1], got {scale}")
-  names = [s for s, _ in preset.splits]
-  seeds = split_seeds(check_seed("make_splits", seed), names)
+  preset, seeds = preset_and_seeds(PRESETS, preset, seed, scale)
   return {s: preset.language.sample(max(1, round(spec.num * scale)),
                                     spec.min_length, spec.max_length,
                                     seeds[s])

@@ -40,7 +40,7 @@ import numpy as np
 
 from sorjax.data.dyck import (SplitSpec, _symbols, bracket_pairs,
                               check_int, check_length_bounds, check_seed,
-                              split_seeds)
+                              preset_and_seeds)
 
 _S = -1                      # the nonterminal on the derivation stack
 
@@ -261,16 +261,8 @@ def make_splits(preset: str | PCFGPreset, seed: int = 0,
   """Samples every split of a preset, each from a seed derived from `seed`.
   `unique` (default: the preset's) dedups within and across splits, in
   split order; `scale` shrinks the counts."""
-  if isinstance(preset, str):
-    if preset not in PRESETS:
-      raise ValueError(f"make_splits: unknown preset {preset!r}; "
-                       f"known: {sorted(PRESETS)}")
-    preset = PRESETS[preset]
-  if not 0 < scale <= 1:
-    raise ValueError(f"make_splits: scale must be in (0, 1], got {scale}")
+  preset, seeds = preset_and_seeds(PRESETS, preset, seed, scale)
   unique = preset.unique if unique is None else unique
-  names = [s for s, _ in preset.splits]
-  seeds = split_seeds(check_seed("make_splits", seed), names)
   out: dict[str, list[np.ndarray]] = {}
   seen: set[tuple[int, ...]] = set()
   for name, spec in preset.splits:
