@@ -927,7 +927,7 @@ def parse_args(argv=None):
                   default="default",
                   help="glibc settings of sorjax.host_memory for every worker "
                        "(torch, flax and sorjax alike), for steps whose "
-                       "temporaries exceed 64 MB and page-fault them in on "
+                       "temporaries exceed 32 MB and page-fault them in on "
                        "every call. reuse: keep freed host buffers; "
                        "hugepages: map them with transparent huge pages; "
                        "default: glibc as is")

@@ -22,7 +22,7 @@ flags.DEFINE_string("workdir", None, "Directory for checkpoints, metrics, "
 config_flags.DEFINE_config_file("config", None, "Experiment config file.",
                                 lock_config=True)
 flags.DEFINE_enum("host_malloc", "default", host_memory.MODES,
-                  "CPU steps whose XLA temporaries exceed 64 MB page-fault "
+                  "CPU steps whose XLA temporaries exceed 32 MB page-fault "
                   "them in on every call (sorjax.host_memory). hugepages: "
                   "map them with transparent huge pages (512x fewer faults, "
                   "no extra memory; restarts the process once with "

@@ -1,15 +1,18 @@
 """Cheaper large host buffers for XLA:CPU (glibc malloc settings).
 
 XLA:CPU allocates each call's temporary buffer on its thread pool's
-threads. glibc serves those threads from per-thread arenas, whose heaps
-hold at most 64 MB, so a larger buffer is mmap'd and unmapped again on
-every call: the next call page-faults it back in and the kernel zero-fills
-it. For the LSTM layer at B=64 T=100 H=512 (forward + backward, a 105 MB
-temp) that is 25.7k page faults and 44-65 ms of system time in a
-~210 ms call (BUILD_NOTES, "Host memory").
+threads. glibc mmaps every allocation above its mmap threshold, which it
+raises as such buffers are freed but never past 32 MB, and unmaps it again
+on free: the next call page-faults it back in and the kernel zero-fills
+it (measured: a 31 MB temp is reused from the second call on, a 48 MB one
+faults in on every call). Raising the threshold alone does not help those
+threads: their arenas' heaps hold at most 64 MB. For the LSTM layer at
+B=64 T=100 H=512 (forward + backward, a 105 MB temp) that is 25.7k page
+faults and 44-65 ms of system time in a ~210 ms call (BUILD_NOTES, "Host
+memory").
 
 `reuse_freed_memory()` sets glibc's malloc to one arena (the main heap,
-which grows without the 64 MB limit), serves allocations below 1 GiB from
+which grows without that limit), serves allocations below 1 GiB from
 it and never trims it, so freed buffers are reused by the next call
 (that LSTM step: 0 faults, 8-12% faster). The price is memory: the heap
 keeps its peak, and small allocations placed in a freed buffer make the
