@@ -109,7 +109,7 @@ def test_every_gradient_matches_autodiff_of_the_scan(kind, lengths, reverse,
   checks.assert_every_gradient_matches_autodiff(
       cell, params, xs, LSTMCarry(normal(3, (B, H)), normal(4, (B, H))),
       normal(5, (B, T, H)),
-      lengths=None if lengths is None else jnp.array(lengths),
+      lengths=lengths,
       reverse=reverse, unroll=unroll, **aux_of(kind, per_token=True))
 
 

@@ -70,7 +70,7 @@ def test_every_gradient_matches_autodiff_of_the_scan(lengths, reverse,
   checks.assert_every_gradient_matches_autodiff(
       cell, params, normal(2, (B, T, D)), HCarry(normal(3, (B, H))),
       normal(5, (B, T, H)),
-      lengths=None if lengths is None else jnp.array(lengths),
+      lengths=lengths,
       reverse=reverse, unroll=unroll)
 
 

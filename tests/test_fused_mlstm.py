@@ -81,7 +81,7 @@ def test_every_gradient_matches_autodiff_of_the_scan(act, lengths, reverse,
   carry = LSTMCarry(normal(3, (B, H), 0.5), normal(4, (B, H), 0.5))
   checks.assert_every_gradient_matches_autodiff(
       cell, params, xs, carry, normal(5, (B, T, H)),
-      lengths=None if lengths is None else jnp.array(lengths),
+      lengths=lengths,
       reverse=reverse, unroll=unroll)
 
 

@@ -115,7 +115,7 @@ def test_every_gradient_matches_autodiff_of_the_scan(name, lengths, reverse,
   checks.assert_every_gradient_matches_autodiff(
       cell, params, normal(2, (B, T, D)), random_carry(name, cell, params),
       normal(5, (B, T, H)),
-      lengths=None if lengths is None else jnp.array(lengths),
+      lengths=lengths,
       reverse=reverse, unroll=unroll)
 
 

@@ -72,7 +72,7 @@ def test_every_gradient_matches_autodiff_of_the_scan(activation, lengths,
   xs, h0 = normal(2, (B, T, D)), normal(3, (B, H))
   checks.assert_every_gradient_matches_autodiff(
       cell, params, xs, HCarry(h0), normal(5, (B, T, H)),
-      lengths=None if lengths is None else jnp.array(lengths),
+      lengths=lengths,
       reverse=reverse, unroll=unroll)
 
 
