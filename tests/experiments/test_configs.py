@@ -26,9 +26,12 @@ from experiments.configs import (le_zuidema_keyword, lin_dyck, lin_wikitext2,
                                  renganathan_ptb)
 from sorjax import budget
 from sorjax.models import LanguageModel
+from sorjax.training.loop import Trainer
 from sorjax.training.metrics import read_metrics
+from sorjax.training.tasks import make_task
 from sorjax.training.tasks.common import ConfigError, build_model, \
     make_cells, trunk_kwargs
+from tests.lowering import assert_lowers_for_accelerators
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -171,6 +174,35 @@ def test_config_trains_a_few_steps_at_cpu_scale(case, tmp_path, request,
       assert os.path.getsize(tmp_path / "figures" / f"{name}.png") > 0
   if case.module is mahto_lm and case.full_epoch:
     _check_restored_timescales(str(tmp_path))
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
+def test_config_train_step_lowers_for_gpu_and_tpu(case, tmp_path, request,
+                                                  monkeypatch):
+  """The whole train step the loop jits (vmapped replicas, optimiser,
+  non-finite guard), and one replica's loss in evaluation mode, lower
+  for cuda and tpu (tests/lowering.py), at the smoke run's shapes."""
+  cfg = small(case)
+  if case.corpus:
+    monkeypatch.setenv("SORJAX_DATA_DIR", request.getfixturevalue(
+        "shared_data"))
+    cfg.data.data_dir = request.getfixturevalue("tfds_dir")
+  task = make_task(cfg)
+  trainer = Trainer(task, cfg, str(tmp_path))
+  state = jax.eval_shape(trainer.init_state)
+  batch, _ = next(iter(task.train_batches(0, None)))
+  batch = jax.tree_util.tree_map(
+      lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype), batch)
+  temperature = jax.ShapeDtypeStruct((), np.float32)
+  assert_lowers_for_accelerators(trainer._step_fn, state, batch, temperature)
+
+  one = jax.tree_util.tree_map(
+      lambda a: jax.ShapeDtypeStruct(a.shape[1:], a.dtype),
+      (state.params, state.carry))
+  rng = jax.ShapeDtypeStruct((), jax.random.key(0).dtype)
+  assert_lowers_for_accelerators(
+      lambda p, c, b, r, t: task.loss(p, c, b, r, t, False)[0],
+      *one, batch, rng, temperature)
 
 
 def _check_restored_timescales(workdir):

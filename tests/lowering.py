@@ -1,0 +1,34 @@
+"""Lowering for GPU and TPU on a machine that has neither.
+
+`jax.export` lowers a function for any platform with that platform's own
+lowering rules, without its hardware or plugin. It refuses what only the
+host can run (a `pure_callback` or `debug.print`: "multi-platform lowering
+for python_callback"), and the lowered module names every custom call (a
+LAPACK or cuSOLVER kernel, a cuDNN RNN). sorjax's steps are plain StableHLO:
+the check below asks for no custom call at all, so one that appears is
+named rather than trusted to exist on every accelerator.
+"""
+
+import re
+
+import jax
+from jax import export
+
+ACCELERATORS = ("cuda", "tpu")
+
+
+def custom_calls(exported) -> set[str]:
+  """The custom-call targets in an exported module."""
+  return set(re.findall(r"stablehlo\.custom_call @([\w.$-]+)",
+                        exported.mlir_module()))
+
+
+def assert_lowers_for_accelerators(fn, *args):
+  """Exports `fn` (jitted here unless it already is) at `args` (arrays or
+  `jax.ShapeDtypeStruct`s) for cuda and tpu; returns the export."""
+  jitted = fn if hasattr(fn, "lower") else jax.jit(fn)
+  exported = export.export(jitted, platforms=ACCELERATORS)(*args)
+  assert exported.platforms == ACCELERATORS
+  calls = custom_calls(exported)
+  assert not calls, f"custom calls in the lowered module: {sorted(calls)}"
+  return exported
