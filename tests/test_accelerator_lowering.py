@@ -6,11 +6,16 @@ checked the way `jax.export` allows on a CPU: each path of `sorjax.unroll`
 scan, remat, lengths and reverse, bfloat16) is lowered for cuda and tpu with
 their own lowering rules. Shapes only: parameters and inputs are
 `jax.eval_shape` / `ShapeDtypeStruct`s, so the H = 512 defaults cost no
-FLOPs. The paper configs' whole train steps are lowered in
-tests/experiments/test_configs.py.
+FLOPs. The loop's data-parallel step is lowered for 4 devices here, the
+paper configs' whole train steps in tests/experiments/test_configs.py.
 """
 
 import functools
+import json
+import os
+import subprocess
+import sys
+import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +26,7 @@ import sorjax
 from sorjax import cells
 from sorjax.fused_lstm import GATE_MAJOR_FROM
 from tests.cells.configs import SMALL
+from tests.experiments import tiny_dyck
 from tests.lowering import (ACCELERATORS, assert_lowers_for_accelerators,
                             custom_calls)
 
@@ -101,6 +107,54 @@ def test_bfloat16_lowers(name):
       *abstract(cell, D, jnp.bfloat16))
   assert {a.dtype for a in jax.tree_util.tree_leaves(exported.out_avals)} == {
       jnp.dtype(jnp.bfloat16)}
+
+
+def sharded_step_export() -> dict:
+  """In a process with 4 devices: lowers the loop's train step of
+  tests/experiments/tiny_dyck.py (2 replicas) with the shardings the loop
+  gives it (`Trainer._shard_batch`: the batch axis over the devices, the
+  state replicated); reports what the export recorded."""
+  from jax.sharding import NamedSharding, PartitionSpec as P
+  from sorjax.training.loop import Trainer
+  from sorjax.training.tasks import make_task
+  cfg = tiny_dyck.get_config()
+  cfg.num_replicas = 2
+  task = make_task(cfg)
+  trainer = Trainer(task, cfg, tempfile.mkdtemp())
+  replicated = NamedSharding(trainer.mesh, P())
+
+  def spec(a, sharding):
+    return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
+  state = jax.tree_util.tree_map(lambda a: spec(a, replicated),
+                                 jax.eval_shape(trainer.init_state))
+  batch = trainer._shard_batch(next(iter(task.train_batches(0, None)))[0])
+  batch = {k: spec(a, a.sharding) for k, a in batch.items()}
+  exported = assert_lowers_for_accelerators(
+      trainer._step_fn, state, batch, spec(np.zeros((), np.float32),
+                                           replicated))
+  specs = [None if s is None else tuple(s.spec)
+           for s in exported.in_shardings_jax(trainer.mesh)]
+  n_state = len(jax.tree_util.tree_leaves(state))
+  return {"devices": jax.device_count(), "nr_devices": exported.nr_devices,
+          "state": sorted(set(map(str, specs[:n_state]))),
+          "batch": dict(zip(sorted(batch), map(str, specs[n_state:-1])))}
+
+
+def test_the_data_parallel_step_lowers_for_four_accelerators():
+  env = dict(os.environ,
+             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  code = ("import json, sys; sys.path.insert(0, %r); from "
+          "tests.test_accelerator_lowering import sharded_step_export; "
+          "print(json.dumps(sharded_step_export()))" % root)
+  res = subprocess.run([sys.executable, "-c", code], env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-3000:]
+  out = json.loads(res.stdout.strip().splitlines()[-1])
+  assert out["devices"] == out["nr_devices"] == 4
+  assert out["state"] == ["()"]
+  assert out["batch"] == {k: "('data',)" for k in
+                          ("inputs", "lengths", "targets")}
 
 
 def test_a_host_callback_in_a_step_is_refused():
