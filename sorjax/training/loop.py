@@ -3,7 +3,8 @@
 - replicas: `num_replicas` independent seeds (params, optimizer, RNG, carry)
   trained by one compiled step, vmapped over a leading replica axis;
 - devices: the batch axis is sharded over all local devices (data
-  parallelism with `jax.sharding`); the train state is replicated;
+  parallelism with `jax.sharding`); the train state is replicated; one
+  process (a multi-process `jax.distributed` run is refused);
 - resume: everything the future depends on (state, epoch, data position,
   plateau / early-stopping / NT-ASGD bookkeeping) is checkpointed, so a killed
   run restarted with the same command ends where an uninterrupted one would;
@@ -76,6 +77,14 @@ class Trainer:
         eval_value=t.get("eval_value"))
     self.plateau = (Plateau(config.plateau.factor, config.plateau.patience)
                     if config.plateau.enabled else None)
+    if jax.process_count() > 1:
+      raise RuntimeError(
+          f"sorjax's training loop shards over one host's devices, but this "
+          f"is process {jax.process_index()} of {jax.process_count()} "
+          f"(jax.distributed is initialised): every process would train the "
+          f"same model on the same batches and write the same files to "
+          f"{workdir}. Start one process per run; it uses every local GPU "
+          f"or TPU chip.")
     self.devices = jax.local_devices()
     self.mesh = Mesh(np.array(self.devices), ("data",))
     self._step_fn = self._build_step()

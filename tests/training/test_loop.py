@@ -2,6 +2,8 @@
 
 import json
 import os
+import re
+import socket
 import subprocess
 import sys
 
@@ -79,6 +81,31 @@ def test_four_devices_match_one(tmp_path):
     out[n] = json.loads(res.stdout.strip().splitlines()[-1])
   assert out[4][0] == 4 and out[1][0] == 1
   np.testing.assert_allclose(out[4][1], out[1][1], rtol=1e-5)
+
+
+def test_a_multi_process_run_is_refused(tmp_path):
+  # Under jax.distributed (here 2 CPU processes on this host) each process
+  # would train the same model alone on its own devices and write the same
+  # files; the loop refuses it in every process, before writing anything.
+  with socket.socket() as s:
+    s.bind(("localhost", 0))
+    port = s.getsockname()[1]
+  code = (
+      "import sys; sys.path.insert(0, %r); import jax;"
+      "jax.distributed.initialize('localhost:%d', num_processes=2, "
+      "process_id=int(sys.argv[1]), initialization_timeout=120);"
+      "from tests.training.toy_task import ToyTask, toy_config;"
+      "from sorjax.training.loop import Trainer;"
+      "Trainer(ToyTask(), toy_config(), %r)") % (ROOT, port, str(tmp_path))
+  procs = [subprocess.Popen([sys.executable, "-c", code, str(i)],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True) for i in range(2)]
+  for i, p in enumerate(procs):
+    _, err = p.communicate(timeout=300)
+    assert p.returncode != 0
+    assert re.search(f"RuntimeError: .*process {i} of 2.*{tmp_path}.*"
+                     "one process per run", err), err[-2000:]
+  assert not os.listdir(tmp_path)
 
 
 def test_stop_below_ends_the_run_once_every_replica_is_under_it(tmp_path):
