@@ -296,6 +296,7 @@ class Bench:
     self.clock = "cpu_seconds" if args.clock == "cpu" else "seconds"
     self.counter = 0
     self.raw: list[dict] = []
+    self.groups: list["Group"] = []
 
   def close(self):
     for w in self.workers.values():
@@ -357,6 +358,7 @@ class Bench:
           c.info["peak_bytes"] = torch_memory(c.spec, p.timeout_s)
     g = Group(mm, contenders)
     self.raw.append(g.as_json())
+    self.groups.append(g)
     return g
 
 
@@ -498,14 +500,16 @@ def errors(cs: Iterable[Contender]) -> list[str]:
 @dataclasses.dataclass
 class Report:
   parts: list = dataclasses.field(default_factory=list)
-  targets: list = dataclasses.field(default_factory=list)  # (text, ok, value)
+  # (text, ok, value, pool): pool = (ours, peer, x) for "ours >= x times
+  # peer", judged at the end over every group that timed both (`pooled`)
+  targets: list = dataclasses.field(default_factory=list)
 
   def add(self, text: str):
     self.parts.append(text)
     print(text + "\n", flush=True)
 
-  def target(self, text: str, ok: bool | None, value: str):
-    self.targets.append((text, ok, value))
+  def target(self, text: str, ok: bool | None, value: str, pool=None):
+    self.targets.append((text, ok, value, pool))
 
 
 def _shape(s) -> str:
@@ -532,16 +536,16 @@ def section_lstm(b: Bench, rep: Report):
          "vs flax", "peak memory"], rows) + _errs(cs))
     best = max([ours, unhoisted, autodiff], key=lambda c: c.rate or 0)
     fast.append((B, T, H, g.ratio(ours, torch_c), g.ratio(best, torch_c),
-                 best, _needs(g, ours, torch_c, 1.0)))
+                 best, _needs(g, ours, torch_c, 1.0), (ours, torch_c, 1.0)))
     flax_ok.append((B, T, H, g.ratio(ours, flax_c),
-                    _needs(g, ours, flax_c, 1.3)))
-  for B, T, H, r, rb, best, need in fast:
+                    _needs(g, ours, flax_c, 1.3), (ours, flax_c, 1.3)))
+  for B, T, H, r, rb, best, need, pool in fast:
     rep.target(f"lstm >= 1.0x torch.nn.LSTM at {_shape((B, T, H))}",
                None if r is None else r >= 1.0,
-               f"{f_x(r)} (best variant {best.label}: {f_x(rb)}){need}")
-  for B, T, H, r, need in flax_ok:
+               f"{f_x(r)} (best variant {best.label}: {f_x(rb)}){need}", pool)
+  for B, T, H, r, need, pool in flax_ok:
     rep.target(f"lstm >= 1.3x flax OptimizedLSTMCell at {_shape((B, T, H))}",
-               None if r is None else r >= 1.3, f_x(r) + need)
+               None if r is None else r >= 1.3, f_x(r) + need, pool)
 
 
 def _needs(g: "Group", ours: Contender, peer: Contender, x: float) -> str:
@@ -656,7 +660,7 @@ def _cell_targets(rep, name, ours, nv, vs_naive, loop, g, mem_ratio,
       r = g.ratio(ours, loop)
       rep.target(f"{tag} >= 2x torch Python loop at H=512",
                  None if r is None else r >= 2.0,
-                 f_x(r) + _needs(g, ours, loop, 2.0))
+                 f_x(r) + _needs(g, ours, loop, 2.0), (ours, loop, 2.0))
   if nv is not None:
     r = vs_naive
     rep.target(f"{tag} >= 10x its naive form at H=512",
@@ -686,7 +690,7 @@ def section_dyck(b: Bench, rep: Report):
   rep.target(f"lstm (defaults) >= 1.5x torch.nn.LSTM at {_shape((B, T, H))}",
              None if r1 is None else r1 >= 1.5,
              f"{f_x(r1)} (best variant {best.label}: "
-             f"{f_x(g.ratio(best, torch_c))})")
+             f"{f_x(g.ratio(best, torch_c))})", (ours[0], torch_c, 1.5))
 
   # Replicas: one Adam step of R models at once vs one model.
   pairs = [(sorjax("lstm", B, T, H, optimizer="adam", unroll=u),
@@ -1020,11 +1024,38 @@ def main(argv=None) -> int:
   return 0
 
 
-def targets_text(rep: Report) -> str:
+def pooled(groups: Iterable["Group"], ours: Contender, peer: Contender
+           ) -> list[float]:
+  """The paired ratio ours / peer in every group that timed both (the same
+  specs), in the order the groups ran. torch.nn.LSTM's rate moved 1.4x
+  between three groups of one run (session 13), so one group's ratio can
+  read a target met that the others read missed."""
+  out = []
+  for g in groups:
+    a = next((c for c in g.contenders if c.spec == ours.spec), None)
+    b = next((c for c in g.contenders if c.spec == peer.spec), None)
+    r = None if a is None or b is None else g.ratio(a, b)
+    if r is not None:
+      out.append(r)
+  return out
+
+
+def targets_text(rep: Report, groups: Iterable["Group"] = ()) -> str:
+  """The targets table. A ratio target whose pair was timed in more than
+  one group is judged by the median over those groups, which it lists."""
   if not rep.targets:
     return ""
-  rows = [[t, "met" if ok else "NOT met" if ok is not None else "n/a", v]
-          for t, ok, v in rep.targets]
+  groups = list(groups)
+  rows = []
+  for t, ok, v, pool in rep.targets:
+    rs = [] if pool is None else pooled(groups, *pool[:2])
+    if len(rs) > 1:
+      med = statistics.median(rs)
+      ok = med >= pool[2]
+      v += (f"; {len(rs)} groups of this run timed both: "
+            f"{' / '.join(map(f_x, rs))}, median {f_x(med)}")
+    rows.append([t, "met" if ok else "NOT met" if ok is not None else "n/a",
+                 v])
   return "## Targets\n\n" + table(["target", "status", "measured"], rows)
 
 
@@ -1032,9 +1063,10 @@ def _write(out, rep, args, bench, load0, started, t0, final):
   tail = (f"\n\n---\nLoad average at end: {loadavg()} (start: {load0}); "
           f"wall time {time.perf_counter() - t0:.0f} s."
           if final else "\n\n---\n(partial: run in progress)")
-  text = "\n\n".join(rep.parts[:1] + [targets_text(rep)] + rep.parts[1:]) + tail
+  targets = targets_text(rep, bench.groups)
+  text = "\n\n".join(rep.parts[:1] + [targets] + rep.parts[1:]) + tail
   if final:
-    print(targets_text(rep) + tail, flush=True)
+    print(targets + tail, flush=True)
   if out is not None:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(text + "\n")

@@ -174,6 +174,36 @@ def test_paired_ratio_and_roofline_fraction():
   assert a.rate == 200
 
 
+def _pair(ours_rates, peer_rates):
+  # Each section builds its own Contender objects; groups match them by spec.
+  ours = run.sorjax("lstm", 2, 5, 8)
+  peer = run.lstm_peer("torch_lstm", 2, 5, 8, "torch")
+  ours.rates, peer.rates = list(ours_rates), list(peer_rates)
+  return ours, peer
+
+
+def test_a_ratio_target_is_judged_over_every_group_that_timed_its_pair():
+  a1, t1 = _pair([110, 220], [100, 200])                  # 1.10x: met alone
+  a2, t2 = _pair([80, 80], [100, 100])                    # 0.80x
+  a3, t3 = _pair([90, 45], [100, 50])                     # 0.90x
+  other = run.sorjax("mrnn", 2, 5, 8)
+  other.rates = [50, 50]
+  groups = [run.Group([], [a1, t1]), run.Group([], [other]),
+            run.Group([], [t2, a2, other]), run.Group([], [a3, t3])]
+  assert run.pooled(groups, a1, t1) == pytest.approx([1.1, 0.8, 0.9])
+  rep = run.Report()
+  rep.target("lstm >= 1.0x torch", groups[0].ratio(a1, t1) >= 1.0, "1.10x",
+             (a1, t1, 1.0))
+  rep.target("mrnn fraction", True, "71%")                # no pair: as given
+  text = run.targets_text(rep, groups)
+  assert ("| lstm >= 1.0x torch | NOT met | 1.10x; 3 groups of this run "
+          "timed both: 1.10x / 0.80x / 0.90x, median 0.90x |") in text
+  assert "| mrnn fraction | met | 71% |" in text
+  # Timed in one group only, the target keeps that group's verdict.
+  assert "| lstm >= 1.0x torch | met | 1.10x |" in run.targets_text(
+      rep, groups[:2])
+
+
 def test_warmup_rounds_are_timed_and_dropped(tmp_path, monkeypatch):
   """Each contender is timed warmup_rounds + rounds times, in rotating
   order; only the last `rounds` timings become rates."""
