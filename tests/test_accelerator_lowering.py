@@ -15,7 +15,6 @@ import json
 import os
 import subprocess
 import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -109,7 +108,7 @@ def test_bfloat16_lowers(name):
       jnp.dtype(jnp.bfloat16)}
 
 
-def sharded_step_export() -> dict:
+def sharded_step_export(workdir: str) -> dict:
   """In a process with 4 devices: lowers the loop's train step of
   tests/experiments/tiny_dyck.py (2 replicas) with the shardings the loop
   gives it (`Trainer._shard_batch`: the batch axis over the devices, the
@@ -120,7 +119,7 @@ def sharded_step_export() -> dict:
   cfg = tiny_dyck.get_config()
   cfg.num_replicas = 2
   task = make_task(cfg)
-  trainer = Trainer(task, cfg, tempfile.mkdtemp())
+  trainer = Trainer(task, cfg, workdir)
   replicated = NamedSharding(trainer.mesh, P())
 
   def spec(a, sharding):
@@ -140,13 +139,13 @@ def sharded_step_export() -> dict:
           "batch": dict(zip(sorted(batch), map(str, specs[n_state:-1])))}
 
 
-def test_the_data_parallel_step_lowers_for_four_accelerators():
+def test_the_data_parallel_step_lowers_for_four_accelerators(tmp_path):
   env = dict(os.environ,
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   code = ("import json, sys; sys.path.insert(0, %r); from "
           "tests.test_accelerator_lowering import sharded_step_export; "
-          "print(json.dumps(sharded_step_export()))" % root)
+          "print(json.dumps(sharded_step_export(%r)))" % (root, str(tmp_path)))
   res = subprocess.run([sys.executable, "-c", code], env=env,
                        capture_output=True, text=True, timeout=300)
   assert res.returncode == 0, res.stderr[-3000:]

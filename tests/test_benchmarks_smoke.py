@@ -371,3 +371,30 @@ def test_small_model_study_runs(capsys):
   assert "sorjax" in out and "replicas" in out
   assert "| (2, 3, 4) |" in out and "lstm paths" in out
   assert "lstm_layer layouts" in out
+
+
+def test_thread_study_runs(capsys):
+  """benchmarks.threads end to end at a tiny shape (torch: if present)."""
+  from benchmarks import threads
+  with jax.numpy_rank_promotion("allow"):
+    threads.main(["--shape", "2,3,4", "--dyck-shape", "2,3,4", "--gaps",
+                  "0,2", "--rounds", "1", "--min-seconds", "0"])
+  out = capsys.readouterr().out
+  rows = {r.split("|")[1].strip(): r.split("|")[2:-1]
+          for r in out.splitlines() if r.startswith("| K=")}
+  assert set(rows) == {"K=0", "K=2"}
+  for cols in rows.values():   # us per step, product us, wait, gap, threads
+    assert float(cols[0]) > 0 and float(cols[1]) > 0
+    assert cols[4].strip() in ("one", "both")
+  assert "OMP_WAIT_POLICY" in out or "skipped: torch not installed" in out
+  assert "| sorjax lstm B=2 T=3 H=4 |" in out
+
+
+def test_thread_study_rejects_bad_flags(capsys):
+  from benchmarks import threads
+  for argv, flag in ((["--shape", "2,3"], "--shape"),
+                     (["--gaps", "1,-1"], "--gaps"),
+                     (["--sections", "gap,nope"], "--sections")):
+    with pytest.raises(SystemExit):
+      threads.main(argv)
+    assert f"error: {flag}" in capsys.readouterr().err

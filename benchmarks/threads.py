@@ -1,0 +1,322 @@
+"""Thread wake-ups between per-step products (issue 7: the LSTM at H = 256).
+
+    python -m benchmarks.threads [--sections gap,torch,spinners]
+        [--rounds 5] [--min-seconds 0.3] [--shape 32,100,256]
+
+Two threads, wall clock; a ratio is the median of per-round ratios, the
+contenders of a table alternating within each round. Sections:
+
+- gap: T steps of XLA's per-step product h @ W ([B, H] x [H, 4H], which
+  XLA splits over both threads), each followed by K elementwise passes over
+  [B, H] of it. For small K XLA runs that fusion on one thread (its cost model
+  splits an I/O-bound fusion from 512 KB accessed, a compute-bound one from
+  200k cost units: parallel_task_assignment.cc); for large K it splits it.
+  From a `jax.profiler` trace (which slows a step a little, so its times
+  and the timed rounds' need not add up): the product's own time per step
+  and, within it, the main thread's wait for the other thread's half
+  (`SlinkyThreadPool::Await`).
+- torch: torch.nn.LSTM forward + backward at the shape, in one process per
+  OpenMP wait policy (OMP_WAIT_POLICY unset, ACTIVE, PASSIVE): whether its
+  threads busy-wait between parallel regions or sleep.
+- spinners: sorjax's LSTM step (forward + backward) at the shape and at the
+  Dyck shape B=10 T=200 H=12, alone and with one busy-looping process per
+  core at SCHED_IDLE priority (which yields to any other thread at once, so
+  a core is never idle and never halts). Linux only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import gzip
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import jax
+import jax.numpy as jnp
+
+import sorjax
+from benchmarks.small_model import ratio, rounds, table
+
+SECTIONS = ("gap", "torch", "spinners")
+GAPS = (0, 1, 2, 3, 4, 8)
+POLICIES = (None, "ACTIVE", "PASSIVE")
+ROOT = Path(__file__).resolve().parent.parent
+
+
+class Case:
+  """A jitted function of fixed arguments, timed by wall clock."""
+
+  def __init__(self, label, fn, *args):
+    self.label, self.args = label, args
+    self.compiled = jax.jit(fn).lower(*args).compile()
+    jax.block_until_ready(self.compiled(*args))
+
+  def time(self, n):
+    t0 = time.perf_counter()
+    for _ in range(n):
+      jax.block_until_ready(self.compiled(*self.args))
+    return time.perf_counter() - t0
+
+
+def gap_step(B, T, H, K):
+  """h_t = g_K(h_{t-1} W)[:, :H] / 2, where g_K is K passes
+  z <- tanh(0.9 z + x_t) (XLA computes them on the H columns kept);
+  barriers keep them out of the product's YNN fusion, which would take
+  them as its epilogue."""
+  kh, kw = jax.random.split(jax.random.key(0))
+  h0 = jax.random.normal(kh, (B, H), jnp.float32)
+  W = jax.random.normal(kw, (H, 4 * H), jnp.float32) / H ** 0.5
+  xs = jax.random.normal(kh, (T, B, 4 * H), jnp.float32)
+
+  def fn(h0, W, xs):
+    def body(h, x):
+      z = jax.lax.optimization_barrier(h @ W)
+      for _ in range(K):
+        z = jax.lax.optimization_barrier(jnp.tanh(0.9 * z + x))
+      return 0.5 * z[:, :H], None
+    return jax.lax.scan(body, h0, xs)[0]
+  return Case(f"K={K}", fn, h0, W, xs)
+
+
+def thunk_us(case, T, calls=5):
+  """Microseconds per loop step of every event in a trace of `calls` calls
+  (a thunk of the loop body runs once per step; the main thread's waits
+  for the other thread, `SlinkyThreadPool::Await`, only when it is behind)."""
+  with tempfile.TemporaryDirectory() as d:
+    with jax.profiler.trace(d):
+      for _ in range(calls):
+        jax.block_until_ready(case.compiled(*case.args))
+    path = next(Path(d).rglob("*.trace.json.gz"))
+    events = json.load(gzip.open(path))["traceEvents"]
+  total = collections.Counter()
+  for e in events:
+    if e.get("ph") == "X" and "dur" in e:
+      total[e["name"]] += e["dur"]
+  return {k: total[k] / (T * calls) for k in total}
+
+
+def loop_fusions(case):
+  """(products, split loop fusions, loop fusions) in the compiled while
+  body: names of the dot / YNN fusion, and of the elementwise fusions XLA
+  split over threads."""
+  text = case.compiled.as_text()
+  products, split, loops = [], [], []
+  for line in text.splitlines():
+    m = re.match(r"\s*(?:ROOT )?%([\w.-]+) = .*?fusion\(", line)
+    if not m:
+      m = re.match(r"\s*(?:ROOT )?%([\w.-]+) = \S+ dot\(", line)
+      if m:
+        products.append(m.group(1))
+      continue
+    if "kind=kCustom" in line:
+      products.append(m.group(1))
+    elif "kind=kLoop" in line:
+      loops.append(m.group(1))
+      if '"outer_dimension_partitions":["' in line:
+        split.append(m.group(1))
+  return products, split, loops
+
+
+def section_gap(args):
+  B, T, H = args.shape
+  cases = [gap_step(B, T, H, K) for K in args.gaps]
+  ts = rounds(cases, args.rounds, args.min_seconds)
+  rows = []
+  for c in cases:
+    us = thunk_us(c, T)
+    products, split, loops = loop_fusions(c)
+    prod = max((us[p] for p in products if p in us), default=None)
+    wait = us.get("SlinkyThreadPool::Await")
+    gap = sum(us[n] for n in loops if n in us and n not in split
+              and us[n] > 1.0)
+    rows.append([c.label, f"{1e6 * statistics.median(ts[c.label]) / T:.1f}",
+                 "-" if prod is None else f"{prod:.1f}",
+                 "0" if wait is None else f"{wait:.1f}",
+                 f"{gap:.1f}", "both" if split else "one"])
+  print(f"## XLA's per-step product [{B}, {H}] x [{H}, {4 * H}] after K "
+        "elementwise passes over [B, H]\n")
+  print(table(["K", "us per step", "product us", "of which waiting for "
+               "the other thread", "one-thread gap us", "gap fusion runs on"],
+              rows) + "\n")
+
+
+TORCH_CHILD = """
+import json, sys, time, torch
+B, T, H, n_rounds, min_s = map(float, sys.argv[1:6])
+B, T, H, n_rounds = int(B), int(T), int(H), int(n_rounds)
+torch.manual_seed(0)
+m = torch.nn.LSTM(H, H, batch_first=True)
+x, g = torch.randn(B, T, H), torch.randn(B, T, H)
+def step():
+  m.zero_grad(); y, _ = m(x); y.backward(g)
+for _ in range(3): step()
+out = []
+for _ in range(n_rounds):
+  t0, n = time.perf_counter(), 0
+  while n == 0 or time.perf_counter() - t0 < min_s: step(); n += 1
+  out.append((time.perf_counter() - t0) / n)
+print(json.dumps({"threads": torch.get_num_threads(), "step_s": out}))
+"""
+
+
+def torch_round(policy, args):
+  env = dict(os.environ)
+  env.pop("OMP_WAIT_POLICY", None)
+  if policy:
+    env["OMP_WAIT_POLICY"] = policy
+  B, T, H = args.shape
+  res = subprocess.run(
+      [sys.executable, "-c", TORCH_CHILD, str(B), str(T), str(H), "1",
+       str(args.min_seconds)], env=env, capture_output=True, text=True,
+      timeout=600)
+  if res.returncode:
+    raise RuntimeError(f"torch child (OMP_WAIT_POLICY={policy}) failed:\n"
+                       f"{res.stderr[-2000:]}")
+  return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def section_torch(args):
+  try:
+    import torch  # noqa: F401
+  except ImportError:
+    print("## torch.nn.LSTM by OpenMP wait policy\n\nskipped: torch not "
+          "installed (pip install -e '.[bench]')\n")
+    return
+  B, T, H = args.shape
+  ts = {p: [] for p in POLICIES}
+  threads = None
+  for r in range(args.rounds):  # one process per timing, policies rotating
+    k = r % len(POLICIES)
+    for p in POLICIES[k:] + POLICIES[:k]:
+      rep = torch_round(p, args)
+      threads = rep["threads"]
+      ts[p].append(rep["step_s"][0])
+  rows = [[p or "unset (libgomp's default)", f"{B * T / statistics.median(ts[p]):,.0f}",
+           f"{ratio(ts, None, p):.2f}x"] for p in POLICIES]
+  print(f"## torch.nn.LSTM (B={B} T={T} H={H}, {threads} threads) by OpenMP "
+        "wait policy, one process per timing\n")
+  print(table(["OMP_WAIT_POLICY", "tokens/s", "speed vs unset"], rows) + "\n")
+
+
+def lstm_step(B, T, H):
+  cell = sorjax.cells.make("lstm", hidden_size=H)
+  params = cell.init(jax.random.key(0), input_size=H)
+  xs = jax.random.normal(jax.random.key(1), (B, T, H), jnp.float32)
+  G = jax.random.normal(jax.random.key(2), (B, T, H), jnp.float32)
+
+  def fn(params, xs, G):
+    _, pull = jax.vjp(lambda p: sorjax.unroll(cell, p, xs)[1], params)
+    return pull(G)[0]
+  return Case(f"sorjax lstm B={B} T={T} H={H}", fn, params, xs, G)
+
+
+class Spinners:
+  """One busy-looping process per core at SCHED_IDLE priority."""
+
+  CODE = ("import os\nos.sched_setscheduler(0, os.SCHED_IDLE, "
+          "os.sched_param(0))\nprint('up', flush=True)\nwhile True:\n  pass\n")
+
+  def __init__(self, n):
+    self.procs = [subprocess.Popen([sys.executable, "-c", self.CODE],
+                                   stdout=subprocess.PIPE, text=True)
+                  for _ in range(n)]
+    for p in self.procs:
+      if p.stdout.readline().strip() != "up":
+        self.close()
+        raise RuntimeError("a SCHED_IDLE spinner process failed to start")
+
+  def close(self):
+    for p in self.procs:
+      p.kill()
+      p.wait()
+
+
+class WithSpinners:
+  """Times `case` with the spinners running (started and stopped around
+  each timing, so rounds alternate with and without)."""
+
+  def __init__(self, case, n):
+    self.case, self.n = case, n
+    self.label = case.label + " + spinners"
+
+  def time(self, n):
+    s = Spinners(self.n)
+    try:
+      return self.case.time(n)
+    finally:
+      s.close()
+
+
+def section_spinners(args):
+  if not hasattr(os, "SCHED_IDLE"):
+    print("## Idle cores\n\nskipped: SCHED_IDLE needs Linux\n")
+    return
+  n = len(os.sched_getaffinity(0))
+  rows = []
+  for shape in (args.shape, args.dyck_shape):
+    plain = lstm_step(*shape)
+    spun = WithSpinners(plain, n)
+    ts = rounds([plain, spun], args.rounds, args.min_seconds)
+    B, T, _ = shape
+    rows.append([plain.label,
+                 f"{B * T / statistics.median(ts[plain.label]):,.0f}",
+                 f"{B * T / statistics.median(ts[spun.label]):,.0f}",
+                 f"{ratio(ts, plain.label, spun.label):.2f}x"])
+  print(f"## sorjax's LSTM step alone and beside {n} SCHED_IDLE spinners\n")
+  print(table(["step (fwd + bwd)", "tokens/s alone", "tokens/s with "
+               "spinners", "speed with / alone"], rows) + "\n")
+
+
+def _shape(text, flag, ap):
+  try:
+    s = tuple(int(v) for v in text.split(","))
+    assert len(s) == 3 and min(s) > 0
+  except (ValueError, AssertionError):
+    ap.error(f"{flag}: want three positive ints B,T,H, got {text!r}")
+  return s
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(prog="python -m benchmarks.threads",
+                               description=__doc__.split("\n")[0])
+  ap.add_argument("--sections", default=",".join(SECTIONS))
+  ap.add_argument("--rounds", type=int, default=5)
+  ap.add_argument("--min-seconds", type=float, default=0.3)
+  ap.add_argument("--shape", default="32,100,256", help="B,T,H (D = H)")
+  ap.add_argument("--dyck-shape", default="10,200,12",
+                  help="B,T,H of the spinners section's second step")
+  ap.add_argument("--gaps", default=",".join(map(str, GAPS)),
+                  help="the gap section's K values")
+  args = ap.parse_args(argv)
+  args.shape = _shape(args.shape, "--shape", ap)
+  args.dyck_shape = _shape(args.dyck_shape, "--dyck-shape", ap)
+  try:
+    args.gaps = [int(k) for k in args.gaps.split(",")]
+    assert args.gaps and min(args.gaps) >= 0
+  except (ValueError, AssertionError):
+    ap.error(f"--gaps: want non-negative ints joined by ',', got "
+             f"{args.gaps!r}")
+  if args.rounds < 1:
+    ap.error("--rounds must be >= 1")
+  chosen = args.sections.split(",")
+  unknown = sorted(set(chosen) - set(SECTIONS))
+  if unknown:
+    ap.error(f"--sections: unknown {unknown}; choose from {SECTIONS}")
+  print(f"# Thread wake-ups: {time.strftime('%Y-%m-%d %H:%M')}, load "
+        f"{os.getloadavg()[0]:.2f}, {len(os.sched_getaffinity(0))} cores, "
+        f"jax {jax.__version__}\n")
+  for s in SECTIONS:
+    if s in chosen:
+      globals()[f"section_{s}"](args)
+
+
+if __name__ == "__main__":
+  main()
