@@ -383,9 +383,11 @@ def test_thread_study_runs(capsys):
   rows = {r.split("|")[1].strip(): r.split("|")[2:-1]
           for r in out.splitlines() if r.startswith("| K=")}
   assert set(rows) == {"K=0", "K=2"}
-  for cols in rows.values():   # us per step, product us, wait, gap, threads
-    assert float(cols[0]) > 0 and float(cols[1]) > 0
-    assert cols[4].strip() in ("one", "both")
+  for cols in rows.values():  # step, gap, step - gap, product, wait, threads
+    step, gap, rest, product, wait = map(float, cols[:5])
+    assert step > 0 and product > 0 and 0 <= wait <= product
+    assert rest == pytest.approx(step - gap, abs=0.11)
+    assert cols[5].strip() in ("one", "both")
   assert "OMP_WAIT_POLICY" in out or "skipped: torch not installed" in out
   assert "| sorjax lstm B=2 T=3 H=4 |" in out
 
