@@ -444,6 +444,25 @@ def section_codegen(args):
   print(table(["op and shape", "ns per element"], rows) + "\n")
 
 
+def shape_arg(ap, flag, text):
+  """--flag's B,T,H: three positive ints, or the parser's error naming it."""
+  try:
+    shape = tuple(int(v) for v in text.split(","))
+    assert len(shape) == 3 and min(shape) > 0
+  except (ValueError, AssertionError):
+    ap.error(f"{flag}: want three positive ints B,T,H, got {text!r}")
+  return shape
+
+
+def chosen_sections(ap, text, sections):
+  """--sections' names, or the parser's error naming the unknown ones."""
+  chosen = text.split(",")
+  unknown = sorted(set(chosen) - set(sections))
+  if unknown:
+    ap.error(f"--sections: unknown {unknown}; choose from {sections}")
+  return [s for s in sections if s in chosen]
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--sections", default=",".join(SECTIONS))
@@ -469,22 +488,13 @@ def main(argv=None):
   except (ValueError, AssertionError):
     ap.error(f"--path-shapes: want B,T,H triples of positive ints joined by "
              f"';', got {args.path_shapes!r}")
-  try:
-    shape = tuple(int(v) for v in args.shape.split(","))
-    assert len(shape) == 3 and min(shape) > 0
-  except (ValueError, AssertionError):
-    ap.error(f"--shape: want three positive ints B,T,H, got {args.shape!r}")
-  set_shape(*shape)
-  chosen = args.sections.split(",")
-  unknown = sorted(set(chosen) - set(SECTIONS))
-  if unknown:
-    ap.error(f"--sections: unknown {unknown}; choose from {SECTIONS}")
+  set_shape(*shape_arg(ap, "--shape", args.shape))
+  chosen = chosen_sections(ap, args.sections, SECTIONS)
   print(f"# Small-model regime, per core: {time.strftime('%Y-%m-%d %H:%M')}, "
         f"load {os.getloadavg()[0]:.2f}, XLA_FLAGS="
         f"{os.environ.get('XLA_FLAGS', '')!r}, jax {jax.__version__}\n")
-  for s in SECTIONS:
-    if s in chosen:
-      globals()[f"section_{s}"](args)
+  for s in chosen:
+    globals()[f"section_{s}"](args)
   print(f"load at end {os.getloadavg()[0]:.2f}")
 
 

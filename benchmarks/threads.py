@@ -43,7 +43,8 @@ import jax
 import jax.numpy as jnp
 
 import sorjax
-from benchmarks.small_model import ratio, rounds, table
+from benchmarks.small_model import (chosen_sections, ratio, rounds,
+                                     shape_arg, table)
 
 SECTIONS = ("gap", "torch", "spinners")
 GAPS = (0, 1, 2, 3, 4, 8)
@@ -276,15 +277,6 @@ def section_spinners(args):
                "spinners", "speed with / alone"], rows) + "\n")
 
 
-def _shape(text, flag, ap):
-  try:
-    s = tuple(int(v) for v in text.split(","))
-    assert len(s) == 3 and min(s) > 0
-  except (ValueError, AssertionError):
-    ap.error(f"{flag}: want three positive ints B,T,H, got {text!r}")
-  return s
-
-
 def main(argv=None):
   ap = argparse.ArgumentParser(prog="python -m benchmarks.threads",
                                description=__doc__.split("\n")[0])
@@ -297,8 +289,8 @@ def main(argv=None):
   ap.add_argument("--gaps", default=",".join(map(str, GAPS)),
                   help="the gap section's K values")
   args = ap.parse_args(argv)
-  args.shape = _shape(args.shape, "--shape", ap)
-  args.dyck_shape = _shape(args.dyck_shape, "--dyck-shape", ap)
+  args.shape = shape_arg(ap, "--shape", args.shape)
+  args.dyck_shape = shape_arg(ap, "--dyck-shape", args.dyck_shape)
   try:
     args.gaps = [int(k) for k in args.gaps.split(",")]
     assert args.gaps and min(args.gaps) >= 0
@@ -307,16 +299,12 @@ def main(argv=None):
              f"{args.gaps!r}")
   if args.rounds < 1:
     ap.error("--rounds must be >= 1")
-  chosen = args.sections.split(",")
-  unknown = sorted(set(chosen) - set(SECTIONS))
-  if unknown:
-    ap.error(f"--sections: unknown {unknown}; choose from {SECTIONS}")
+  chosen = chosen_sections(ap, args.sections, SECTIONS)
   print(f"# Thread wake-ups: {time.strftime('%Y-%m-%d %H:%M')}, load "
         f"{os.getloadavg()[0]:.2f}, {len(os.sched_getaffinity(0))} cores, "
         f"jax {jax.__version__}\n")
-  for s in SECTIONS:
-    if s in chosen:
-      globals()[f"section_{s}"](args)
+  for s in chosen:
+    globals()[f"section_{s}"](args)
 
 
 if __name__ == "__main__":
