@@ -65,10 +65,12 @@ SECTIONS = ("dyck", "replicas", "floor", "codegen", "paths", "layouts")
 # ------------------------------------------------------------------ timing
 
 class Case:
-  """A compiled step; `stateful` steps feed their output back (Adam)."""
+  """A compiled step; `stateful` steps feed their output back (Adam).
+  clock: a timer (default: this script's --clock, read at each timing)."""
 
-  def __init__(self, label, fn, args, stateful=False, donate=False):
-    self.label = label
+  def __init__(self, label, fn, args, stateful=False, donate=False,
+               clock=None):
+    self.label, self.clock = label, clock
     jfn = jax.jit(fn, donate_argnums=0 if donate else ())
     self.compiled = jfn.lower(*args).compile()
     self.args, self.stateful = list(args), stateful
@@ -77,9 +79,10 @@ class Case:
   run = JaxCase.run    # n calls, feeding stateful outputs back
 
   def time(self, n):
-    t0 = CLOCK()
+    clock = self.clock or CLOCK
+    t0 = clock()
     self.run(n)
-    return CLOCK() - t0
+    return clock() - t0
 
 
 class TorchLSTM:

@@ -43,28 +43,17 @@ import jax
 import jax.numpy as jnp
 
 import sorjax
-from benchmarks.small_model import (chosen_sections, ratio, rounds,
+from benchmarks.small_model import (Case, chosen_sections, ratio, rounds,
                                      shape_arg, table)
 
 SECTIONS = ("gap", "torch", "spinners")
 GAPS = (0, 1, 2, 3, 4, 8)
 POLICIES = (None, "ACTIVE", "PASSIVE")
-ROOT = Path(__file__).resolve().parent.parent
 
 
-class Case:
-  """A jitted function of fixed arguments, timed by wall clock."""
-
-  def __init__(self, label, fn, *args):
-    self.label, self.args = label, args
-    self.compiled = jax.jit(fn).lower(*args).compile()
-    jax.block_until_ready(self.compiled(*args))
-
-  def time(self, n):
-    t0 = time.perf_counter()
-    for _ in range(n):
-      jax.block_until_ready(self.compiled(*self.args))
-    return time.perf_counter() - t0
+def wall_case(label, fn, *args):
+  """`small_model.Case` of fn at args, timed by wall clock (two threads)."""
+  return Case(label, fn, args, clock=time.perf_counter)
 
 
 def gap_step(B, T, H, K):
@@ -84,7 +73,7 @@ def gap_step(B, T, H, K):
         z = jax.lax.optimization_barrier(jnp.tanh(0.9 * z + x))
       return 0.5 * z[:, :H], None
     return jax.lax.scan(body, h0, xs)[0]
-  return Case(f"K={K}", fn, h0, W, xs)
+  return wall_case(f"K={K}", fn, h0, W, xs)
 
 
 def thunk_us(case, T, calls=5):
@@ -105,9 +94,10 @@ def thunk_us(case, T, calls=5):
 
 
 def loop_fusions(case):
-  """(products, split loop fusions, loop fusions) in the compiled while
-  body: names of the dot / YNN fusion, and of the elementwise fusions XLA
-  split over threads."""
+  """(products, split loop fusions, loop fusions) of the compiled module:
+  names of the dots / YNN fusions, of the loop fusions, and of those XLA
+  split over threads. (Outside the loop they run once a call, so their
+  time per step is negligible in `thunk_us`.)"""
   text = case.compiled.as_text()
   products, split, loops = [], [], []
   for line in text.splitlines():
@@ -217,7 +207,7 @@ def lstm_step(B, T, H):
   def fn(params, xs, G):
     _, pull = jax.vjp(lambda p: sorjax.unroll(cell, p, xs)[1], params)
     return pull(G)[0]
-  return Case(f"sorjax lstm B={B} T={T} H={H}", fn, params, xs, G)
+  return wall_case(f"sorjax lstm B={B} T={T} H={H}", fn, params, xs, G)
 
 
 class Spinners:

@@ -12,7 +12,9 @@ named rather than trusted to exist on every accelerator.
 import re
 
 import jax
+import numpy as np
 from jax import export
+from jax.sharding import NamedSharding, PartitionSpec as P
 
 ACCELERATORS = ("cuda", "tpu")
 
@@ -32,3 +34,23 @@ def assert_lowers_for_accelerators(fn, *args):
   calls = custom_calls(exported)
   assert not calls, f"custom calls in the lowered module: {sorted(calls)}"
   return exported
+
+
+def train_step_args(task, trainer, sharded: bool = False):
+  """(state, batch, temperature) for `trainer._step_fn` as ShapeDtypeStructs:
+  the state `init_state` gives, the task's first training batch. sharded:
+  with the shardings the loop gives them (the batch through
+  `Trainer._shard_batch`, the state and temperature replicated)."""
+  state = jax.eval_shape(trainer.init_state)
+  batch = next(iter(task.train_batches(0, None)))[0]
+  replicated = NamedSharding(trainer.mesh, P()) if sharded else None
+  if sharded:
+    batch = trainer._shard_batch(batch)
+
+  def spec(a, sharding=replicated):
+    dtype = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
+    return jax.ShapeDtypeStruct(np.shape(a), dtype, sharding=sharding)
+  state = jax.tree_util.tree_map(spec, state)
+  batch = {k: spec(a, a.sharding if sharded else None)
+           for k, a in batch.items()}
+  return state, batch, spec(np.zeros((), np.float32))

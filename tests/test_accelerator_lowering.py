@@ -27,7 +27,7 @@ from sorjax.fused_lstm import GATE_MAJOR_FROM
 from tests.cells.configs import SMALL
 from tests.experiments import tiny_dyck
 from tests.lowering import (ACCELERATORS, assert_lowers_for_accelerators,
-                            custom_calls)
+                            custom_calls, train_step_args)
 
 B, T = 3, 6
 LENGTHS = np.array([6, 2, 4], np.int32)
@@ -113,24 +113,15 @@ def sharded_step_export(workdir: str) -> dict:
   tests/experiments/tiny_dyck.py (2 replicas) with the shardings the loop
   gives it (`Trainer._shard_batch`: the batch axis over the devices, the
   state replicated); reports what the export recorded."""
-  from jax.sharding import NamedSharding, PartitionSpec as P
   from sorjax.training.loop import Trainer
   from sorjax.training.tasks import make_task
   cfg = tiny_dyck.get_config()
   cfg.num_replicas = 2
   task = make_task(cfg)
   trainer = Trainer(task, cfg, workdir)
-  replicated = NamedSharding(trainer.mesh, P())
-
-  def spec(a, sharding):
-    return jax.ShapeDtypeStruct(a.shape, a.dtype, sharding=sharding)
-  state = jax.tree_util.tree_map(lambda a: spec(a, replicated),
-                                 jax.eval_shape(trainer.init_state))
-  batch = trainer._shard_batch(next(iter(task.train_batches(0, None)))[0])
-  batch = {k: spec(a, a.sharding) for k, a in batch.items()}
-  exported = assert_lowers_for_accelerators(
-      trainer._step_fn, state, batch, spec(np.zeros((), np.float32),
-                                           replicated))
+  state, batch, temperature = train_step_args(task, trainer, sharded=True)
+  exported = assert_lowers_for_accelerators(trainer._step_fn, state, batch,
+                                            temperature)
   specs = [None if s is None else tuple(s.spec)
            for s in exported.in_shardings_jax(trainer.mesh)]
   n_state = len(jax.tree_util.tree_leaves(state))

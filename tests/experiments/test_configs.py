@@ -31,7 +31,7 @@ from sorjax.training.metrics import read_metrics
 from sorjax.training.tasks import make_task
 from sorjax.training.tasks.common import ConfigError, build_model, \
     make_cells, trunk_kwargs
-from tests.lowering import assert_lowers_for_accelerators
+from tests.lowering import assert_lowers_for_accelerators, train_step_args
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -116,6 +116,17 @@ def small(case: Case):
   return c
 
 
+def small_with_data(case: Case, request, monkeypatch):
+  """`small(case)`, reading the real corpora (skipped without them) and
+  preparing them in the session's TFDS directory when the case needs them."""
+  c = small(case)
+  if case.corpus:
+    monkeypatch.setenv("SORJAX_DATA_DIR", request.getfixturevalue(
+        "shared_data"))
+    c.data.data_dir = request.getfixturevalue("tfds_dir")
+  return c
+
+
 @pytest.fixture(scope="session")
 def tfds_dir(tmp_path_factory):
   """Where the real corpora are prepared: $TFDS_DATA_DIR (reused across
@@ -149,11 +160,7 @@ def quick_compiles():
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_config_trains_a_few_steps_at_cpu_scale(case, tmp_path, request,
                                                 monkeypatch, quick_compiles):
-  cfg = small(case)
-  if case.corpus:
-    monkeypatch.setenv("SORJAX_DATA_DIR", request.getfixturevalue(
-        "shared_data"))
-    cfg.data.data_dir = request.getfixturevalue("tfds_dir")
+  cfg = small_with_data(case, request, monkeypatch)
   state = train.train_and_evaluate(cfg, str(tmp_path))
   R = cfg.num_replicas
   steps = np.asarray(state.step)
@@ -182,18 +189,10 @@ def test_config_train_step_lowers_for_gpu_and_tpu(case, tmp_path, request,
   """The whole train step the loop jits (vmapped replicas, optimiser,
   non-finite guard), and one replica's loss in evaluation mode, lower
   for cuda and tpu (tests/lowering.py), at the smoke run's shapes."""
-  cfg = small(case)
-  if case.corpus:
-    monkeypatch.setenv("SORJAX_DATA_DIR", request.getfixturevalue(
-        "shared_data"))
-    cfg.data.data_dir = request.getfixturevalue("tfds_dir")
+  cfg = small_with_data(case, request, monkeypatch)
   task = make_task(cfg)
   trainer = Trainer(task, cfg, str(tmp_path))
-  state = jax.eval_shape(trainer.init_state)
-  batch, _ = next(iter(task.train_batches(0, None)))
-  batch = jax.tree_util.tree_map(
-      lambda a: jax.ShapeDtypeStruct(np.shape(a), np.asarray(a).dtype), batch)
-  temperature = jax.ShapeDtypeStruct((), np.float32)
+  state, batch, temperature = train_step_args(task, trainer)
   assert_lowers_for_accelerators(trainer._step_fn, state, batch, temperature)
 
   one = jax.tree_util.tree_map(
