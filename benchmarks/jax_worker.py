@@ -12,6 +12,7 @@ footprint including parameters and inputs.
 
 from __future__ import annotations
 
+import os
 import time
 from typing import Any, Callable
 
@@ -20,8 +21,11 @@ import jax.numpy as jnp
 import numpy as np
 
 import sorjax
-from sorjax import cells
-from benchmarks import naive, worker
+from sorjax import cells, small_loops
+from benchmarks import naive, specs, worker
+
+# Whether this worker compiles small loops whole (set before any compile).
+SMALL_LOOPS = os.environ.get(specs.SMALL_LOOPS_ENV) == "1"
 
 
 def peak_bytes(compiled) -> int | None:
@@ -324,10 +328,21 @@ def make_case(spec: dict[str, Any]) -> JaxCase:
   if spec.get("impl") not in BUILDERS:
     raise ValueError(f"jax_worker: unknown impl {spec.get('impl')!r}; known: "
                      f"{', '.join(sorted(BUILDERS))}")
+  if bool(spec.get("small_loops")) != SMALL_LOOPS:
+    raise ValueError(
+        f"jax_worker: spec small_loops={bool(spec.get('small_loops'))} sent "
+        f"to a worker with {specs.SMALL_LOOPS_ENV}="
+        f"{os.environ.get(specs.SMALL_LOOPS_ENV)!r}")
   case = BUILDERS[spec["impl"]](spec)
   case.info.setdefault("platform", jax.devices()[0].platform)
+  case.info["small_loops"] = SMALL_LOOPS
   return case
 
 
 if __name__ == "__main__":
+  if SMALL_LOOPS:
+    small_loops.compile_whole()
+    if not small_loops.compiled_whole():
+      raise RuntimeError("jax_worker: small_loops.compile_whole() did not "
+                         "make XLA compile a small loop whole")
   worker.serve(make_case)

@@ -53,6 +53,9 @@ from typing import Callable, Iterable
 
 from benchmarks import flops, peak, specs
 
+# The worker of contenders timed with sorjax.small_loops.compile_whole().
+SMALL_LOOPS = "jax_small_loops"
+
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("lstm", "gemm", "cells", "fused", "dyck", "scaling", "remat",
             "unroll", "trees", "gpu")
@@ -108,7 +111,8 @@ PROFILES = {
         unroll_shapes=(((32, 100, 256), ("lstm", "mrnn", "mm_rnn")),
                        (specs.DYCK_SHAPE, ("lstm", "mrnn", "mm_rnn"))),
         unroll_factors=(1, 2, 4, 8),
-        dyck_variants=({}, {"unroll": 1}, {"hoist": False}),
+        dyck_variants=({}, {"unroll": 1}, {"hoist": False},
+                       {"small_loops": True}),
         replica_unrolls=(None, 1),
         tree=dict(B=32, H=256, min_leaves=10, max_leaves=40),
         rounds=5, warmup_rounds=1, min_round_s=0.5, matmul_n=2048,
@@ -123,7 +127,8 @@ PROFILES = {
         fused_shapes=((32, 100, 256), (64, 100, 512)),
         unroll_shapes=((specs.DYCK_SHAPE, ("lstm",)),),
         unroll_factors=(1, 2, 4, 8),
-        dyck_variants=({}, {"unroll": 1}, {"hoist": False}),
+        dyck_variants=({}, {"unroll": 1}, {"hoist": False},
+                       {"small_loops": True}),
         replica_unrolls=(None, 1),
         tree=dict(B=32, H=256, min_leaves=10, max_leaves=40),
         rounds=3, warmup_rounds=1, min_round_s=0.3, matmul_n=2048,
@@ -136,7 +141,7 @@ PROFILES = {
         remat_shape=(2, 5, 8), remat_cells=("mrnn",),
         fused_shapes=((2, 5, 8),),
         unroll_shapes=(((2, 5, 8), ("lstm",)),), unroll_factors=(1, 2),
-        dyck_variants=({},), replica_unrolls=(None,),
+        dyck_variants=({}, {"small_loops": True}), replica_unrolls=(None,),
         tree=dict(B=2, H=8, min_leaves=3, max_leaves=6),
         rounds=2, warmup_rounds=1, min_round_s=0.0, matmul_n=64,
         naive_max_step_s=0.0, timeout_s=300.0),
@@ -220,7 +225,7 @@ class Worker:
 class Contender:
   key: str
   spec: dict
-  framework: str                 # "jax" or "torch"
+  framework: str                 # "jax", "torch" or SMALL_LOOPS
   flops_per_token: float | None = None
   # filled by measurement
   info: dict = dataclasses.field(default_factory=dict)
@@ -250,8 +255,11 @@ def cell_spec(impl: str, cell: str, B: int, T: int, H: int, **opts) -> dict:
 
 
 def sorjax(cell, B, T, H, key=None, **opts) -> Contender:
+  """small_loops=True: timed in a JAX worker that set
+  `sorjax.small_loops.compile_whole()`."""
   spec = cell_spec("sorjax", cell, B, T, H, **opts)
-  return Contender(key or specs.label(spec), spec, "jax",
+  fw = SMALL_LOOPS if spec.get("small_loops") else "jax"
+  return Contender(key or specs.label(spec), spec, fw,
                    flops.train_flops(cell, spec["hparams"], spec["D"]))
 
 
@@ -291,7 +299,10 @@ class Bench:
     """env: every worker's extra environment (`host_malloc_env`)."""
     self.args, self.profile, self.torch_ok = args, profile, torch_ok
     self.workers = {"jax": Worker("benchmarks.jax_worker", log, env),
-                    "torch": Worker("benchmarks.torch_worker", log, env)}
+                    "torch": Worker("benchmarks.torch_worker", log, env),
+                    # XLA reads its flags once: a process of its own
+                    SMALL_LOOPS: Worker("benchmarks.jax_worker", log, dict(
+                        env or {}, **{specs.SMALL_LOOPS_ENV: "1"}))}
     self.log = log
     self.clock = "cpu_seconds" if args.clock == "cpu" else "seconds"
     self.counter = 0

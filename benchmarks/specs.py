@@ -10,6 +10,9 @@ SHAPES = ((32, 100, 256), (64, 100, 512), (32, 200, 1024))
 # The small-model regime of the Dyck experiments (Lin et al., Mahto et al.).
 DYCK_SHAPE = (10, 200, 12)
 DYCK_REPLICAS = 20
+# Set to "1" in the environment of a JAX worker that compiles small loops
+# whole (sorjax.small_loops); specs with small_loops=True go to it.
+SMALL_LOOPS_ENV = "SORJAX_BENCH_SMALL_LOOPS"
 
 # The second-order cells and the cells with a torch Python-loop peer.
 SECOND_ORDER = ("tensor_rnn", "general2", "mrnn", "mi_rnn", "mlstm",
@@ -81,4 +84,6 @@ def label(spec: dict) -> str:
     opts.append(f"x{spec['replicas']} replicas (vmap)")
   if spec.get("optimizer"):
     opts.append(f"+{spec['optimizer']}")
+  if spec.get("small_loops"):
+    opts.append("small loops")
   return base + (f" [{', '.join(opts)}]" if opts else "")

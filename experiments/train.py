@@ -6,9 +6,10 @@ from __future__ import annotations
 import logging as std_logging
 import os
 
+import jax
 from absl import logging
 
-from sorjax import host_memory
+from sorjax import host_memory, small_loops
 from sorjax.training.loop import Trainer
 from sorjax.training.tasks import make_task
 from sorjax.training.tasks.common import ConfigError
@@ -22,13 +23,33 @@ class _QuietLibraries(std_logging.Filter):
         "orbax" not in record.pathname)
 
 
-def prepare_process(host_malloc: str) -> None:
+def prepare_process(host_malloc: str, whole_small_loops: bool = False
+                    ) -> None:
   """What both launchers do first: their log without orbax's INFO lines
   (warnings stay), then `--host_malloc` (`sorjax.host_memory.configure`,
-  which may restart the process), logged when it applies."""
+  which may restart the process), logged when it applies, then
+  `--small_loops` (`sorjax.small_loops.compile_whole`), checked to apply.
+
+  Raises:
+    ValueError: `--small_loops` in a process that computes on a GPU or
+      TPU, or whose XLA_FLAGS already set its flags.
+    RuntimeError: `--small_loops` set, but XLA compiled a small loop as
+      before.
+  """
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if host_memory.configure(host_malloc):
     logging.info("host_malloc: %s", host_memory.APPLIED[host_malloc])
+  if whole_small_loops:
+    small_loops.compile_whole()
+    if jax.default_backend() != "cpu":
+      raise ValueError(
+          f"--small_loops is an XLA:CPU setting; this process computes on "
+          f"{jax.default_backend()}")
+    if not small_loops.compiled_whole():
+      raise RuntimeError(
+          "--small_loops: XLA compiled a small loop as before (XLA_FLAGS="
+          f"{os.environ.get('XLA_FLAGS', '')!r})")
+    logging.info("small_loops: %s", small_loops.xla_flags())
 
 
 def validate(config) -> None:

@@ -64,7 +64,8 @@ THP_SETTING = "/sys/kernel/mm/transparent_hugepage/enabled"
 _RESTARTED = "SORJAX_HUGEPAGES_RESTARTED"
 
 
-def _backend_started() -> bool:
+def backend_started() -> bool:
+  """Whether JAX has created its backends (its CPU client and threads)."""
   bridge = sys.modules.get("jax._src.xla_bridge")
   started = getattr(bridge, "backends_are_initialized", None)
   return bool(started and started())
@@ -84,7 +85,7 @@ def reuse_freed_memory() -> bool:
     RuntimeError: JAX's backend has already started, so its threads keep
       their arenas and the settings would not reach them.
   """
-  if _backend_started():
+  if backend_started():
     raise RuntimeError(
         "reuse_freed_memory() must run before JAX starts its backend (the "
         "first computation or jax.devices()); call it first in main()")

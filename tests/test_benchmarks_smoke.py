@@ -253,6 +253,14 @@ def test_worker_reports_a_bad_spec_and_keeps_serving(tmp_path):
     w.close()
 
 
+def test_a_spec_for_the_other_kind_of_jax_worker_is_refused():
+  spec = run.sorjax("lstm", 2, 3, 4, small_loops=True).spec
+  assert not jax_worker.SMALL_LOOPS
+  with pytest.raises(ValueError, match="spec small_loops=True sent to a "
+                     "worker with SORJAX_BENCH_SMALL_LOOPS=None"):
+    jax_worker.make_case(spec)
+
+
 # ------------------------------------------------------------------ end to end
 
 def _groups(path):
@@ -286,6 +294,7 @@ def test_smoke_run_jax_only(tmp_path):
   assert dyck["torch.nn.LSTM"]["error"].startswith(
       "skipped: torch not installed")
   for g, label in ((dyck, "sorjax lstm"), (dyck, "flax OptimizedLSTMCell"),
+                   (dyck, "sorjax lstm [small loops]"),
                    (replicas, "sorjax lstm [+adam]"),
                    (replicas, "sorjax lstm [x3 replicas (vmap), +adam]")):
     assert g[label]["error"] is None
@@ -295,6 +304,9 @@ def test_smoke_run_jax_only(tmp_path):
       "tokens_per_step"] == 3 * 2 * 6
   assert "| skipped |" in text
   assert "vmapped replicas in <= 3x the time of one" in text
+  # its own worker process, which compiled small loops whole
+  assert dyck["sorjax lstm [small loops]"]["info"]["small_loops"] is True
+  assert dyck["sorjax lstm"]["info"]["small_loops"] is False
 
 
 def test_smoke_run_fused_and_remat(tmp_path):

@@ -136,7 +136,7 @@ def test_default_mode_changes_nothing():
 
 def test_not_glibc_is_a_no_op(monkeypatch):
   monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("musl", ""))
-  monkeypatch.setattr(host_memory, "_backend_started", lambda: False)
+  monkeypatch.setattr(host_memory, "backend_started", lambda: False)
   assert host_memory.reuse_freed_memory() is False
 
 
