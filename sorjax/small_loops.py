@@ -20,6 +20,8 @@ threads, speed against the default settings in processes of their own):
 
     lstm H=12 1.6x    H=18 0.66x   H=24 0.28x   H=48 0.12x
     mrnn H=12 2.8x    H=24 1.16x   gru H=12 1.3x   dyck_rnn H=12 1.13x
+    dyck_rnn at B=512 T=100 (Renganathan & Singh's batch) H=4 / 8 / 16:
+    2.2x / 2.3x / 1.6x; with 3 vmapped replicas and Adam, H=8: 1.2x
     attention_lstm H=12 0.66x     lstm H=12 at B=32 / 128: 1.39x / 1.19x
     one Adam step of lstm H=12: 1.6x; of 3 / 20 vmapped replicas: 0.86x /
     0.74x (their batched dots leave YNN for slower code); mrnn with 3
@@ -28,7 +30,9 @@ threads, speed against the default settings in processes of their own):
     above the byte limit and stay as they were)
 
 So it pays for single models at the smallest sizes only, and costs up to
-8x beyond them: it is opt-in, `--small_loops` in the experiment launchers
+8x beyond them. (Whole training runs of the Dyck configs at CPU scale
+gained little: their time goes to compiling each new bucket length.) It is
+opt-in, `--small_loops` in the experiment launchers
 (`benchmarks.run` times it as a variant of the Dyck section). The same
 settings for a process started from a shell:
 
