@@ -31,7 +31,7 @@ flags.DEFINE_enum("host_malloc", "default", host_memory.MODES,
                   "a few temps); default: glibc as is.")
 flags.DEFINE_bool("small_loops", False,
                   "XLA:CPU compiles each small scan whole, as one function "
-                  "(sorjax.small_loops): 1.3-2.8x faster for single models "
+                  "(sorjax.small_loops): 1.1-2.8x faster for single models "
                   "with hidden sizes around 12, slower (up to 8x) above.")
 flags.mark_flags_as_required(["config", "workdir"])
 

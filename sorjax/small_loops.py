@@ -5,7 +5,7 @@ kernel, copy or library call (a YNN dot) each. A training step of the
 LSTM at the Dyck experiments' size (B=10, H=12) runs ~28 of them per time
 step (11 forward, 17 backward), each on arrays of a few hundred floats,
 so the step costs what their dispatch costs: ~3.8 us for forward and
-backward, against ~5 us for torch.nn.LSTM's.
+backward, against ~4.7 us for torch.nn.LSTM's.
 
 XLA has a pass that compiles a while loop whose iteration accesses few
 bytes into one function instead (`xla_cpu_small_while_loop_byte_threshold`
@@ -23,7 +23,7 @@ threads, speed against the default settings in processes of their own):
     dyck_rnn at B=512 T=100 (Renganathan & Singh's batch) H=4 / 8 / 16:
     2.2x / 2.3x / 1.6x; with 3 vmapped replicas and Adam, H=8: 1.2x
     attention_lstm H=12 0.66x     lstm H=12 at B=32 / 128: 1.39x / 1.19x
-    one Adam step of lstm H=12: 1.6x; of 3 / 20 vmapped replicas: 0.86x /
+    one Adam step of lstm H=12: 1.3-1.6x; of 3 / 20 vmapped replicas: 0.86x /
     0.74x (their batched dots leave YNN for slower code); mrnn with 3
     replicas 1.17x
     lstm at B=32 T=100 H=128 / 256: 0.91x / 0.67x (YNN off; the loops are
