@@ -4,6 +4,7 @@
       python -m benchmarks.small_model
       [--sections dyck,replicas,floor,codegen,paths] [--rounds 5]
       [--min-seconds 0.3] [--path-shapes "10,200,12;32,100,256"]
+      [--small-loops]
 
 B=10 T=200 H=12 (D = H): Lin et al. train LSTMs of hidden 3m with batch 10,
 20 seeds each. Every JAX timing is CPU time of this process
@@ -50,7 +51,7 @@ import numpy as np
 import optax
 
 import sorjax
-from sorjax import cells
+from sorjax import cells, small_loops
 from sorjax.cells.lstm import LSTM
 from benchmarks.jax_worker import JaxCase
 from sorjax.fused_lstm import lstm_layer, lstm_scan
@@ -481,7 +482,14 @@ def main(argv=None):
   ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                   help="JAX timings: CPU time of this process (default; "
                   "per core) or wall time (for multi-threaded runs)")
+  ap.add_argument("--small-loops", action="store_true",
+                  help="compile small loops whole (sorjax.small_loops; "
+                  "set before this process's first computation)")
   args = ap.parse_args(argv)
+  if args.small_loops:
+    small_loops.compile_whole()
+    if not small_loops.compiled_whole():
+      raise RuntimeError("--small-loops: XLA compiled a small loop as before")
   global CLOCK
   CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
   try:

@@ -70,9 +70,11 @@ def xla_flags(max_bytes: int = MAX_BYTES) -> str:
 
 
 def compile_whole(max_bytes: int = MAX_BYTES) -> None:
-  """Adds `xla_flags(max_bytes)` to this process's XLA_FLAGS: loops whose
-  iteration accesses fewer than `max_bytes` bytes are compiled whole
-  (module doc for where that pays).
+  """Puts `xla_flags(max_bytes)` at the front of this process's XLA_FLAGS
+  (XLA ignores what follows a word that is not a flag, such as TF's
+  `intra_op_parallelism_threads=1`): loops whose iteration accesses fewer
+  than `max_bytes` bytes are compiled whole (module doc for where that
+  pays).
 
   Raises:
     RuntimeError: JAX's backend has started (XLA has read its flags).
@@ -91,7 +93,7 @@ def compile_whole(max_bytes: int = MAX_BYTES) -> None:
       raise ValueError(
           f"XLA_FLAGS already sets {flag} ({current!r}); set the small-loop "
           f"flags there instead: {words}")
-  os.environ["XLA_FLAGS"] = f"{current} {words}".strip()
+  os.environ["XLA_FLAGS"] = f"{words} {current}".strip()
 
 
 def compiled_whole() -> bool:

@@ -10,6 +10,9 @@ skip (with the reason) when torch is not installed: CI installs only the
 import dataclasses
 import importlib.util
 import json
+import os
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -21,6 +24,7 @@ from benchmarks import flops, jax_worker, naive, run, specs
 from tests.cells.reference import intermediate_shapes
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_torch = pytest.mark.skipif(
     not HAS_TORCH, reason="torch not installed (the 'bench' extra)")
 
@@ -383,6 +387,25 @@ def test_small_model_study_runs(capsys):
   assert "sorjax" in out and "replicas" in out
   assert "| (2, 3, 4) |" in out and "lstm paths" in out
   assert "lstm_layer layouts" in out
+
+
+def test_small_model_study_compiles_small_loops_whole():
+  """--small-loops in a fresh process (XLA reads its flags once)."""
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  out = subprocess.run(
+      [sys.executable, "-m", "benchmarks.small_model", "--sections", "dyck",
+       "--shape", "2,3,4", "--rounds", "1", "--min-seconds", "0",
+       "--small-loops"], cwd=ROOT, env=env, capture_output=True, text=True,
+      timeout=600)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert "xla_cpu_small_while_loop_byte_threshold" in out.stdout
+  assert "| sorjax.unroll (fused_grad) |" in out.stdout
+
+
+def test_small_model_study_refuses_small_loops_too_late():
+  from benchmarks import small_model
+  with pytest.raises(RuntimeError, match="must run before JAX starts"):
+    small_model.main(["--sections", "dyck", "--small-loops"])
 
 
 def test_thread_study_runs(capsys):

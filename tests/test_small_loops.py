@@ -112,14 +112,28 @@ def test_flags_already_in_xla_flags_are_refused(monkeypatch):
   assert os.environ["XLA_FLAGS"] == given
 
 
-def test_flags_join_what_xla_flags_holds(monkeypatch):
+def test_flags_go_before_what_xla_flags_holds(monkeypatch):
+  # XLA stops reading at a word that is not a flag
   monkeypatch.setattr(host_memory, "backend_started", lambda: False)
-  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_enable_fast_math=false")
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false "
+                     "intra_op_parallelism_threads=1")
   small_loops.compile_whole(4096)
   assert os.environ["XLA_FLAGS"] == (
-      "--xla_cpu_enable_fast_math=false --xla_backend_extra_options="
+      "--xla_backend_extra_options="
       "xla_cpu_small_while_loop_byte_threshold=4096 "
-      "--xla_cpu_experimental_ynn_fusion_type=")
+      "--xla_cpu_experimental_ynn_fusion_type= "
+      "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
+
+
+def test_flags_apply_before_a_word_xla_stops_at():
+  code = ("import os\n"
+          "os.environ['XLA_FLAGS'] = 'intra_op_parallelism_threads=1'\n"
+          "from sorjax import small_loops\n"
+          "small_loops.compile_whole()\n"
+          "print(small_loops.compiled_whole())\n")
+  out = _run(code)
+  assert out.returncode == 0, out.stderr[-3000:]
+  assert out.stdout.strip().splitlines()[-1] == "True"
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "1"])
