@@ -64,6 +64,14 @@ def _run(code, *args, env=None):
                         env=env or _env())
 
 
+def _printed(code, n=1):
+  """The last n lines `code` printed, in a fresh process that must succeed;
+  and what it logged."""
+  out = _run(code)
+  assert out.returncode == 0, out.stderr[-3000:]
+  return out.stdout.strip().splitlines()[-n:], out.stderr
+
+
 @pytest.fixture(scope="module")
 def probes():
   res = {}
@@ -131,9 +139,7 @@ def test_flags_apply_before_a_word_xla_stops_at():
           "from sorjax import small_loops\n"
           "small_loops.compile_whole()\n"
           "print(small_loops.compiled_whole())\n")
-  out = _run(code)
-  assert out.returncode == 0, out.stderr[-3000:]
-  assert out.stdout.strip().splitlines()[-1] == "True"
+  assert _printed(code)[0] == ["True"]
 
 
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "1"])
@@ -149,11 +155,9 @@ def test_launchers_apply_and_check_it():
           "from sorjax import small_loops\n"
           "import os; print(os.environ['XLA_FLAGS'])\n"
           "print(small_loops.compiled_whole())\n")
-  out = _run(code)
-  assert out.returncode == 0, out.stderr[-3000:]
-  flags, whole = out.stdout.strip().splitlines()[-2:]
+  (flags, whole), log = _printed(code, 2)
   assert flags == small_loops.xla_flags() and whole == "True"
-  assert "small_loops: --xla_backend_extra_options" in out.stderr
+  assert "small_loops: --xla_backend_extra_options" in log
 
 
 def test_launchers_refuse_it_off_cpu():
