@@ -54,6 +54,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sorjax.cells.base import LSTMCarry, check_input
+from sorjax.rational_tanh import tanh
 from sorjax.layer_scan import (previous_steps, row_products, scan_overwrite,
                                sum_dtype, unroll_steps, valid_steps)
 
@@ -69,6 +70,13 @@ GATE_MAJOR_FROM = 512
 # at H = 64-1024, mixed; BUILD_NOTES "Unrolled fused loops in chunks").
 AUTO_UNROLL_MAX_H = 32
 
+# Where the maps use the rational tanh (`tanh_for`; forward + backward of
+# the layer against jnp.tanh, two threads: B=32 H=256 1.19x, B=10 H=12
+# 1.19x, H = 512 / 1024 1.00-1.03x; B=32 H=32-128 0.91-0.99x, B=128 H=64
+# 0.95x, where the split maps are too small to pay).
+RATIONAL_FROM_H = 256
+RATIONAL_MAX_GATES = 1024
+
 
 def default_unroll(H: int, layout: str) -> int:
   """The unroll factor `lstm_layer` / `lstm_scan` use for unroll=None."""
@@ -78,6 +86,19 @@ def default_unroll(H: int, layout: str) -> int:
 def _unroll_factor(where: str, unroll, H: int, tr: bool) -> int:
   return unroll_steps(where, unroll,
                       default_unroll(H, "gate_major" if tr else "batch_major"))
+
+
+def tanh_for(B: int, H: int):
+  """The tanh of the layer's maps at batch B and hidden size H: the
+  rational form (`sorjax.rational_tanh`) from H = RATIONAL_FROM_H, where
+  XLA:CPU then splits the step's maps over threads, and while a step's gate
+  map has at most RATIONAL_MAX_GATES elements (B * 4H), where it is not
+  split and the plain arithmetic beats XLA's tanh kernel; `jnp.tanh` in
+  between, where a split map costs more in thread hand-offs than it saves
+  (module doc)."""
+  if H >= RATIONAL_FROM_H or B * 4 * H <= RATIONAL_MAX_GATES:
+    return tanh
+  return jnp.tanh
 
 
 def activation_consts(H: int, forget_bias: float, dtype, tr: bool):
@@ -101,16 +122,17 @@ def _forward(forget_bias, unroll, tr, W2, b2, xp2, mask, h0, c0):
   the final (h, c), ys [T, *h.shape] and the residuals (activations A_t
   over xp2, c_{t-1} [T, *h.shape])."""
   ax = 0 if tr else -1                                     # z's gate axis
-  s, gamma, delta = activation_consts(h0.shape[0 if tr else 1], forget_bias,
-                                       W2.dtype, tr)
+  H, B = h0.shape if tr else h0.shape[::-1]
+  s, gamma, delta = activation_consts(H, forget_bias, W2.dtype, tr)
+  tanh = tanh_for(B, H)
   gamma = gamma + s * b2  # the bias enters the map: s (z + b) + gamma
 
   def body(carry, x, m):  # x = xp_t, overwritten with A_t
     h, c = carry
-    A = s * jnp.tanh(s * (x + (W2 @ h if tr else h @ W2)) + gamma) + delta
+    A = s * tanh(s * (x + (W2 @ h if tr else h @ W2)) + gamma) + delta
     si, sf, tg, so = jnp.split(A, 4, axis=ax)
     c_new = sf * c + si * tg                               # c_t
-    h_new = so * jnp.tanh(c_new)                           # h_t
+    h_new = so * tanh(c_new)                           # h_t
     if m is not None:  # padded steps keep the carry and emit zeros
       y = jnp.where(m, h_new, jnp.zeros_like(h_new))
       h_new, c_new = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
@@ -160,6 +182,7 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
   (dh_T, dc_T), dys = cot
   ax = 0 if tr else -1
   s, _, delta = activation_consts(W_h.shape[0], forget_bias, W_h.dtype, tr)
+  tanh = tanh_for(h0.shape[0], W_h.shape[0])  # h0 [B, H], as the forward's
   if tr:  # into the loop's layout
     h0, dh_T, dc_T, dys = h0.T, dh_T.T, dc_T.T, jnp.swapaxes(dys, 1, 2)
 
@@ -170,7 +193,7 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
     else:
       c0, dy, m = inp
     si, sf, tg, so = jnp.split(A, 4, axis=ax)
-    tc = jnp.tanh(sf * c0 + si * tg)                       # tanh(c_t)
+    tc = tanh(sf * c0 + si * tg)                       # tanh(c_t)
     dh_t = dh + dy                                         # dL/dh_t
     dc_t = dc
     if m is not None:  # a padded step passed its carry through
