@@ -36,6 +36,13 @@ layouts"):
   reach each step sliced one step ahead (`sorjax.layer_scan`): the
   forward writes A_t over xp_t once it has read it, and the backward
   writes dz_t over A_t.
+- In float32 on CPU the maps' tanh is `sorjax.rational_tanh` (x P(x^2) /
+  Q(x^2)) where that pays (`tanh_for`): XLA:CPU's cost model counts an
+  HLO tanh as no flops, so the map looked I/O-bound and ran on one thread
+  while the other slept; written out, it is split over both (B=32 H=256
+  1.19x). At B=10 H=12 nothing is split and the arithmetic is simply
+  faster than XLA's tanh (1.19x); maps of B * 4H in between lose to the
+  split's hand-offs (0.91-0.99x) and keep `jnp.tanh`.
 - The backward saves the activations A_t and c_{t-1} and recomputes only
   tanh(c_t); dW_h = sum_t h_{t-1}^T dz_t is ONE matmul after the backward
   loop (what cuDNN and oneDNN do), not T small ones.
