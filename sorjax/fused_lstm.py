@@ -60,8 +60,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sorjax import rational_tanh
 from sorjax.cells.base import LSTMCarry, check_input
-from sorjax.rational_tanh import tanh
 from sorjax.layer_scan import (previous_steps, row_products, scan_overwrite,
                                sum_dtype, unroll_steps, valid_steps)
 
@@ -104,7 +104,7 @@ def tanh_for(B: int, H: int):
   between, where a split map costs more in thread hand-offs than it saves
   (module doc)."""
   if H >= RATIONAL_FROM_H or B * 4 * H <= RATIONAL_MAX_GATES:
-    return tanh
+    return rational_tanh.tanh
   return jnp.tanh
 
 
@@ -139,7 +139,7 @@ def _forward(forget_bias, unroll, tr, W2, b2, xp2, mask, h0, c0):
     A = s * tanh(s * (x + (W2 @ h if tr else h @ W2)) + gamma) + delta
     si, sf, tg, so = jnp.split(A, 4, axis=ax)
     c_new = sf * c + si * tg                               # c_t
-    h_new = so * tanh(c_new)                           # h_t
+    h_new = so * tanh(c_new)                               # h_t
     if m is not None:  # padded steps keep the carry and emit zeros
       y = jnp.where(m, h_new, jnp.zeros_like(h_new))
       h_new, c_new = jnp.where(m, h_new, h), jnp.where(m, c_new, c)
@@ -200,7 +200,7 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
     else:
       c0, dy, m = inp
     si, sf, tg, so = jnp.split(A, 4, axis=ax)
-    tc = tanh(sf * c0 + si * tg)                       # tanh(c_t)
+    tc = tanh(sf * c0 + si * tg)                           # tanh(c_t)
     dh_t = dh + dy                                         # dL/dh_t
     dc_t = dc
     if m is not None:  # a padded step passed its carry through
