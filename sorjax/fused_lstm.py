@@ -41,7 +41,7 @@ layouts"):
   HLO tanh as no flops, so the map looked I/O-bound and ran on one thread
   while the other slept; written out, it is split over both (B=32 H=256
   1.19x). At B=10 H=12 nothing is split and the arithmetic is simply
-  faster than XLA's tanh (1.19x); maps of B * 4H in between lose to the
+  faster than XLA's tanh (1.18x); maps of B * 4H in between lose to the
   split's hand-offs (0.91-0.99x) and keep `jnp.tanh`.
 - The backward saves the activations A_t and c_{t-1} and recomputes only
   tanh(c_t); dW_h = sum_t h_{t-1}^T dz_t is ONE matmul after the backward
@@ -79,7 +79,7 @@ AUTO_UNROLL_MAX_H = 32
 
 # Where the maps use the rational tanh (`tanh_for`; forward + backward of
 # the layer against jnp.tanh, two threads: B=32 H=256 1.19x, B=10 H=12
-# 1.19x, H = 512 / 1024 1.00-1.03x; B=32 H=32-128 0.91-0.99x, B=128 H=64
+# 1.18x, H = 512 / 1024 1.00-1.03x; B=32 H=32-128 0.91-0.99x, B=128 H=64
 # 0.95x, where the split maps are too small to pay).
 RATIONAL_FROM_H = 256
 RATIONAL_MAX_GATES = 1024

@@ -11,7 +11,7 @@ as multiplies, adds and a divide, the same work counts as ~20 flops an
 element: the fusion is compute-bound in XLA's eyes and is split over both
 threads from ~1,500 elements up (B=32 H=256: 1.19x for the LSTM layer's
 forward + backward), and at the Dyck shape (B=10 H=12), where nothing is
-split, the plain arithmetic is also faster than XLA's tanh kernel (1.19x).
+split, the plain arithmetic is also faster than XLA's tanh kernel (1.18x).
 Where a split map is too small to pay, `sorjax.fused_lstm.tanh_for` keeps
 `jnp.tanh`.
 
