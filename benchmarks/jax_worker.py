@@ -341,8 +341,5 @@ def make_case(spec: dict[str, Any]) -> JaxCase:
 
 if __name__ == "__main__":
   if SMALL_LOOPS:
-    small_loops.compile_whole()
-    if not small_loops.compiled_whole():
-      raise RuntimeError("jax_worker: small_loops.compile_whole() did not "
-                         "make XLA compile a small loop whole")
+    small_loops.compile_whole_checked("jax_worker")
   worker.serve(make_case)

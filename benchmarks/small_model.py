@@ -487,9 +487,7 @@ def main(argv=None):
                   "set before this process's first computation)")
   args = ap.parse_args(argv)
   if args.small_loops:
-    small_loops.compile_whole()
-    if not small_loops.compiled_whole():
-      raise RuntimeError("--small-loops: XLA compiled a small loop as before")
+    small_loops.compile_whole_checked("--small-loops")
   global CLOCK
   CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
   try:

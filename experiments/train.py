@@ -4,7 +4,6 @@ write the figures the config asks for."""
 from __future__ import annotations
 
 import logging as std_logging
-import os
 
 import jax
 from absl import logging
@@ -28,7 +27,7 @@ def prepare_process(host_malloc: str, whole_small_loops: bool = False
   """What both launchers do first: their log without orbax's INFO lines
   (warnings stay), then `--host_malloc` (`sorjax.host_memory.configure`,
   which may restart the process), logged when it applies, then
-  `--small_loops` (`sorjax.small_loops.compile_whole`), checked to apply.
+  `--small_loops` (`sorjax.small_loops.compile_whole_checked`).
 
   Raises:
     ValueError: `--small_loops` in a process that computes on a GPU or
@@ -40,15 +39,11 @@ def prepare_process(host_malloc: str, whole_small_loops: bool = False
   if host_memory.configure(host_malloc):
     logging.info("host_malloc: %s", host_memory.APPLIED[host_malloc])
   if whole_small_loops:
-    small_loops.compile_whole()
+    small_loops.compile_whole_checked("--small_loops")
     if jax.default_backend() != "cpu":
       raise ValueError(
           f"--small_loops is an XLA:CPU setting; this process computes on "
           f"{jax.default_backend()}")
-    if not small_loops.compiled_whole():
-      raise RuntimeError(
-          "--small_loops: XLA compiled a small loop as before (XLA_FLAGS="
-          f"{os.environ.get('XLA_FLAGS', '')!r})")
     logging.info("small_loops: %s", small_loops.xla_flags())
 
 

@@ -96,6 +96,23 @@ def compile_whole(max_bytes: int = MAX_BYTES) -> None:
   os.environ["XLA_FLAGS"] = f"{words} {current}".strip()
 
 
+def compile_whole_checked(where: str, max_bytes: int = MAX_BYTES) -> None:
+  """`compile_whole(max_bytes)`, then `compiled_whole()` to check that XLA
+  took the flags: what the launchers and benchmarks run for their
+  small-loops option, named `where` in the error.
+
+  Raises:
+    RuntimeError: as `compile_whole`, or XLA still compiled the probe loop
+      as before.
+    ValueError: as `compile_whole`.
+  """
+  compile_whole(max_bytes)
+  if not compiled_whole():
+    raise RuntimeError(
+        f"{where}: XLA compiled a small loop as before (XLA_FLAGS="
+        f"{os.environ.get('XLA_FLAGS', '')!r})")
+
+
 def compiled_whole() -> bool:
   """Whether XLA:CPU compiles a small scan (with a dot) whole in this
   process: compiles one and looks for the call XLA makes of such a loop.

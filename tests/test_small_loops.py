@@ -133,6 +133,15 @@ def test_flags_go_before_what_xla_flags_holds(monkeypatch):
       "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 
+def test_checked_names_the_caller_when_xla_ignores_the_flags(monkeypatch):
+  monkeypatch.setattr(host_memory, "backend_started", lambda: False)
+  monkeypatch.setattr(small_loops, "compiled_whole", lambda: False)
+  monkeypatch.setenv("XLA_FLAGS", "")
+  with pytest.raises(RuntimeError, match=r"^--my_flag: XLA compiled a small "
+                     r"loop as before \(XLA_FLAGS='--xla_backend_extra"):
+    small_loops.compile_whole_checked("--my_flag")
+
+
 def test_flags_apply_before_a_word_xla_stops_at():
   code = ("import os\n"
           "os.environ['XLA_FLAGS'] = 'intra_op_parallelism_threads=1'\n"
