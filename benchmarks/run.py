@@ -898,13 +898,28 @@ def _versions(torch_ok: bool) -> str:
 
 
 def _cpu() -> str:
+  """The first CPU's model name with its family and model numbers (a
+  VM's "AMD EPYC" names every generation alike)."""
   try:
-    for line in Path("/proc/cpuinfo").read_text().splitlines():
-      if line.startswith("model name"):
-        return line.split(":", 1)[1].strip()
+    text = Path("/proc/cpuinfo").read_text()
   except OSError:
-    pass
-  return platform.processor() or "unknown CPU"
+    return platform.processor() or "unknown CPU"
+  return cpu_from_cpuinfo(text) or platform.processor() or "unknown CPU"
+
+
+def cpu_from_cpuinfo(text: str) -> str:
+  """"<model name> (family F model M)" from /proc/cpuinfo's first block;
+  "" when it names no model."""
+  fields = {}
+  for line in text.split("\n\n", 1)[0].splitlines():
+    key, sep, value = line.partition(":")
+    if sep:
+      fields.setdefault(key.strip(), value.strip())
+  name = fields.get("model name", "")
+  ids = [f"{k} {fields[k]}" for k in ("cpu family", "model") if k in fields]
+  if name and ids:
+    return f"{name} ({' '.join(ids).replace('cpu family', 'family')})"
+  return name
 
 
 def parse_args(argv=None):

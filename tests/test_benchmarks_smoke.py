@@ -273,6 +273,16 @@ def _groups(path):
           for g in json.loads(path.read_text())]
 
 
+def test_report_names_the_cpu_family_and_model():
+  info = ("processor\t: 0\nvendor_id\t: AuthenticAMD\ncpu family\t: 26\n"
+          "model\t\t: 2\nmodel name\t: AMD EPYC\n\n"
+          "processor\t: 1\ncpu family\t: 25\nmodel\t\t: 17\n"
+          "model name\t: Other\n")
+  assert run.cpu_from_cpuinfo(info) == "AMD EPYC (family 26 model 2)"
+  assert run.cpu_from_cpuinfo("processor\t: 0\nmodel name\t: X\n") == "X"
+  assert run.cpu_from_cpuinfo("processor\t: 0\nfeatures\t: fp\n") == ""
+
+
 def test_default_report_is_a_new_file_not_results_md(tmp_path, monkeypatch):
   """Without --out the report goes to a new file under benchmarks/reports:
   the curated benchmarks/RESULTS.md is never overwritten."""
