@@ -202,6 +202,17 @@ class Worker:
                         f"{self.log_path})")
     return json.loads(line)
 
+  def cpu_seconds(self) -> float:
+    """CPU time (user + system, every thread) this worker's process has
+    used; 0 when it is not running or /proc cannot tell."""
+    if self.proc is None or self.proc.poll() is not None:
+      return 0.0
+    try:
+      stat = Path(f"/proc/{self.proc.pid}/stat").read_text()
+    except OSError:
+      return 0.0
+    return proc_stat_cpu_seconds(stat)
+
   def kill(self):
     if self.proc is not None:
       self.proc.kill()  # our own child, by its handle
@@ -219,6 +230,13 @@ class Worker:
     self.proc = None
 
 
+def proc_stat_cpu_seconds(stat: str) -> float:
+  """utime + stime of a /proc/<pid>/stat line, in seconds (fields 14 and 15;
+  the command name, field 2, may hold spaces and parentheses)."""
+  fields = stat.rsplit(")", 1)[1].split()
+  return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 # ------------------------------------------------------------------ contenders
 
 @dataclasses.dataclass
@@ -230,6 +248,9 @@ class Contender:
   # filled by measurement
   info: dict = dataclasses.field(default_factory=dict)
   rates: list = dataclasses.field(default_factory=list)    # per round, or None
+  # per timed round: cores its own process kept busy (CPU time / wall
+  # time) and cores the other workers used meanwhile (should be ~0)
+  cores: list = dataclasses.field(default_factory=list)
   error: str | None = None
 
   @property
@@ -356,10 +377,16 @@ class Bench:
       k = r % max(len(live), 1)
       for c in live[k:] + live[:k]:
         n = iters[c.info["id"]]
+        others = [w for f, w in self.workers.items() if f != c.framework]
+        before = sum(w.cpu_seconds() for w in others)
         rep = self._call(c, p.timeout_s, cmd="time", id=c.info["id"], n=n)
+        others_s = sum(w.cpu_seconds() for w in others) - before
         if r >= p.warmup_rounds:
           c.rates.append(None if rep is None else
                          c.info["tokens_per_step"] * n / rep[self.clock])
+          c.cores.append(None if rep is None else dict(
+              own=rep["cpu_seconds"] / rep["seconds"],
+              others=others_s / rep["seconds"], seconds=rep["seconds"]))
     for c in live:
       self._call(c, 60, cmd="release", id=c.info["id"])
     if self.args.torch_memory:
@@ -441,7 +468,7 @@ class Group:
   def as_json(self) -> dict:
     return {"roofline_gflops": self.roof_gflops(),
             "contenders": [dict(label=c.label, spec=c.spec, rates=c.rates,
-                                info=c.info, error=c.error,
+                                cores=c.cores, info=c.info, error=c.error,
                                 fraction=self.fraction(c))
                            for c in self.contenders]}
 
@@ -1066,6 +1093,46 @@ def pooled(groups: Iterable["Group"], ours: Contender, peer: Contender
   return out
 
 
+# Cores the other workers may use during a timed round before the report
+# names it (their threads should sleep while another framework is timed),
+# if that is more than /proc's resolution can blur (two clock ticks).
+OTHERS_BUSY = 0.1
+BUSY_MIN_S = 2 / os.sysconf("SC_CLK_TCK")
+
+
+def others_busy(cores: dict) -> bool:
+  """Whether a round's `Contender.cores` entry shows the other workers
+  busy."""
+  return (cores["others"] > OTHERS_BUSY
+          and cores["others"] * cores["seconds"] >= BUSY_MIN_S)
+
+
+def cpu_text(groups: Iterable["Group"]) -> str:
+  """The report's account of CPU use in the timed rounds: how many rounds
+  the other workers' processes were busy in (> OTHERS_BUSY cores, CPU time
+  over the round's wall time), and which contenders those rounds timed."""
+  rows, total, n_busy = [], 0, 0
+  for i, g in enumerate(groups, 1):
+    for c in g.rooflines + g.contenders:
+      seen = [x for x in c.cores if x is not None]
+      busy = [x for x in seen if others_busy(x)]
+      total, n_busy = total + len(seen), n_busy + len(busy)
+      if busy:
+        rows.append([str(i), c.label, f"{len(busy)} of {len(seen)}",
+                     f"{max(x['others'] for x in busy):.2f}",
+                     f"{_med(x['own'] for x in seen):.2f}"])
+  head = (f"## CPU use in the timed rounds\n\nEach timed round's CPU time "
+          f"over its wall time, for the timed worker's process and for the "
+          f"other workers' (which should sleep meanwhile; groups are "
+          f"numbered in the order they ran). {n_busy} of {total} timed "
+          f"rounds had the other workers use more than {OTHERS_BUSY} cores")
+  if not rows:
+    return head + "."
+  return head + ":\n\n" + table(
+      ["group", "contender", "rounds", "others' cores (max)",
+       "own cores (median)"], rows)
+
+
 def targets_text(rep: Report, groups: Iterable["Group"] = ()) -> str:
   """The targets table. A ratio target whose pair was timed in more than
   one group is judged by the median over those groups, which it lists."""
@@ -1090,7 +1157,8 @@ def _write(out, rep, args, bench, load0, started, t0, final):
           f"wall time {time.perf_counter() - t0:.0f} s."
           if final else "\n\n---\n(partial: run in progress)")
   targets = targets_text(rep, bench.groups)
-  text = "\n\n".join(rep.parts[:1] + [targets] + rep.parts[1:]) + tail
+  text = "\n\n".join(rep.parts[:1] + [targets] + rep.parts[1:]
+                     + [cpu_text(bench.groups)]) + tail
   if final:
     print(targets + tail, flush=True)
   if out is not None:

@@ -13,6 +13,8 @@ import json
 import os
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import jax
 import jax.numpy as jnp
@@ -178,6 +180,39 @@ def test_paired_ratio_and_roofline_fraction():
   assert a.rate == 200
 
 
+def test_proc_stat_cpu_seconds_reads_utime_and_stime():
+  tick = os.sysconf("SC_CLK_TCK")
+  # a command name with a space and a parenthesis; utime 250, stime 50 ticks
+  stat = ("4242 (python -m x)) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 3 0 "
+          "100 2000 300")
+  assert run.proc_stat_cpu_seconds(stat) == pytest.approx(300 / tick)
+  me = Path(f"/proc/{os.getpid()}/stat")
+  if me.exists():
+    before = run.proc_stat_cpu_seconds(me.read_text())
+    t0 = time.process_time()
+    while time.process_time() - t0 < 0.1:
+      pass
+    assert run.proc_stat_cpu_seconds(me.read_text()) - before >= 0.05
+
+
+def test_cpu_text_names_rounds_where_other_workers_were_busy():
+  quiet = _fake([1, 1], flops_per_token=1)
+  noisy, failed = _fake([1, 1]), _fake([None])
+  quiet.cores = [dict(own=1.9, others=0.01, seconds=0.3)] * 2
+  noisy.cores = [dict(own=1.0, others=0.9, seconds=0.3),
+                 dict(own=1.8, others=0.0, seconds=0.3)]
+  failed.cores = [None]
+  # busy by the ratio but below two clock ticks: /proc cannot tell
+  blur = _fake([1])
+  blur.cores = [dict(own=1.0, others=5.0, seconds=run.BUSY_MIN_S / 10)]
+  text = run.cpu_text([run.Group([quiet], [noisy]), run.Group([], [failed,
+                                                                   blur])])
+  assert "1 of 5 timed rounds had the other workers use more than" in text
+  assert text.endswith("| 1 | jax matmul 2^3 | 1 of 2 | 0.90 | 1.40 |")
+  assert run.cpu_text([run.Group([], [quiet])]).endswith(
+      "0 of 2 timed rounds had the other workers use more than 0.1 cores.")
+
+
 def _pair(ours_rates, peer_rates):
   # Each section builds its own Contender objects; groups match them by spec.
   ours = run.sorjax("lstm", 2, 5, 8)
@@ -221,8 +256,9 @@ def test_warmup_rounds_are_timed_and_dropped(tmp_path, monkeypatch):
     calls.append((cmd, msg.get("id")))
     if cmd == "prepare":
       return {"ok": True, "step_s": 0.1, "tokens_per_step": 10}
-    if cmd == "time":  # the k-th timing overall took k seconds
-      return {"ok": True, "seconds": float(next(clock))}
+    if cmd == "time":  # the k-th timing overall took k seconds, 1 core
+      k = float(next(clock))
+      return {"ok": True, "seconds": k, "cpu_seconds": k}
     return {"ok": True}
 
   monkeypatch.setattr(bench, "_call", fake_call)
@@ -234,6 +270,8 @@ def test_warmup_rounds_are_timed_and_dropped(tmp_path, monkeypatch):
   # timings 5..10 are kept: a took 5, 8, 9 s and b 6, 7, 10 s
   assert a.rates == [10 / 5, 10 / 8, 10 / 9]
   assert b.rates == [10 / 6, 10 / 7, 10 / 10]
+  assert [x["own"] for x in a.cores] == [1.0] * 3   # no worker ran: others 0
+  assert [x["others"] for x in a.cores + b.cores] == [0.0] * 6
   with pytest.raises(SystemExit, match="--warmup-rounds"):
     run.main(["--smoke", "--warmup-rounds", "-1"])
 
@@ -314,6 +352,10 @@ def test_smoke_run_jax_only(tmp_path):
     assert g[label]["error"] is None
     assert len(g[label]["rates"]) == 2 and all(r > 0 for r in g[label]["rates"])
     assert g[label]["info"]["peak_bytes"] > 0
+    assert [sorted(x) for x in g[label]["cores"]] == [
+        ["others", "own", "seconds"]] * 2
+    assert all(x["own"] >= 0 and x["others"] >= 0 for x in g[label]["cores"])
+  assert "## CPU use in the timed rounds" in text
   assert replicas["sorjax lstm [x3 replicas (vmap), +adam]"]["info"][
       "tokens_per_step"] == 3 * 2 * 6
   assert "| skipped |" in text
