@@ -384,9 +384,10 @@ class Bench:
         if r >= p.warmup_rounds:
           c.rates.append(None if rep is None else
                          c.info["tokens_per_step"] * n / rep[self.clock])
+          wall = None if rep is None else max(rep["seconds"], 1e-9)
           c.cores.append(None if rep is None else dict(
-              own=rep["cpu_seconds"] / rep["seconds"],
-              others=others_s / rep["seconds"], seconds=rep["seconds"]))
+              own=rep["cpu_seconds"] / wall, others=others_s / wall,
+              seconds=rep["seconds"]))
     for c in live:
       self._call(c, 60, cmd="release", id=c.info["id"])
     if self.args.torch_memory:
