@@ -19,6 +19,7 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 import numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import sorjax
 from sorjax import cells, small_loops
@@ -124,8 +125,16 @@ def sorjax_case(spec: dict) -> JaxCase:
   else:
     state = init(k0)
     xs, G = _data(k1, B, T, D, cell.hidden_size)
-  return JaxCase(step, (state, xs, aux, G),
-                 {"tokens_per_step": max(R, 1) * B * T}, stateful)
+  args = (state, xs, aux, G)
+  if R and spec.get("devices"):  # the replica axis over the devices
+    n = spec["devices"]
+    if R % n:
+      raise ValueError(f"jax_worker: {R} replicas do not split over {n} "
+                       "devices")
+    mesh = Mesh(np.array(jax.devices()), ("replica",))
+    args = jax.device_put(args, NamedSharding(mesh, P("replica")))
+  return JaxCase(step, args, {"tokens_per_step": max(R, 1) * B * T},
+                 stateful)
 
 
 def naive_case(spec: dict) -> JaxCase:
@@ -328,6 +337,10 @@ def make_case(spec: dict[str, Any]) -> JaxCase:
   if spec.get("impl") not in BUILDERS:
     raise ValueError(f"jax_worker: unknown impl {spec.get('impl')!r}; known: "
                      f"{', '.join(sorted(BUILDERS))}")
+  if spec.get("devices") and spec["devices"] != jax.device_count():
+    raise ValueError(
+        f"jax_worker: spec devices={spec['devices']} sent to a worker with "
+        f"{jax.device_count()} devices")
   if bool(spec.get("small_loops")) != SMALL_LOOPS:
     raise ValueError(
         f"jax_worker: spec small_loops={bool(spec.get('small_loops'))} sent "
@@ -336,6 +349,7 @@ def make_case(spec: dict[str, Any]) -> JaxCase:
   case = BUILDERS[spec["impl"]](spec)
   case.info.setdefault("platform", jax.devices()[0].platform)
   case.info["small_loops"] = SMALL_LOOPS
+  case.info["devices"] = jax.device_count()
   return case
 
 

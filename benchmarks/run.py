@@ -56,6 +56,12 @@ from benchmarks import flops, peak, specs
 # The worker of contenders timed with sorjax.small_loops.compile_whole().
 SMALL_LOOPS = "jax_small_loops"
 
+
+def host_devices_worker(n: int) -> str:
+  """The worker of contenders timed on n CPU devices
+  (`--xla_force_host_platform_device_count`, read at the process's start)."""
+  return f"jax_{n}_devices"
+
 ROOT = Path(__file__).resolve().parent.parent
 SECTIONS = ("lstm", "gemm", "cells", "fused", "dyck", "scaling", "remat",
             "unroll", "trees", "gpu")
@@ -80,6 +86,9 @@ class Profile:
   unroll_factors: tuple
   dyck_variants: tuple     # option dicts of sorjax lstm in the Dyck regime
   replica_unrolls: tuple   # unroll factors of the replica comparison
+  # CPU device counts over which the replicas are also timed sharded (the
+  # training loop's replica parallelism), each in a worker of its own
+  replica_devices: tuple
   tree: dict               # B, H, min_leaves, max_leaves
   rounds: int
   warmup_rounds: int       # untimed rounds first (the first ran slow)
@@ -113,7 +122,7 @@ PROFILES = {
         unroll_factors=(1, 2, 4, 8),
         dyck_variants=({}, {"unroll": 1}, {"hoist": False},
                        {"small_loops": True}),
-        replica_unrolls=(None, 1),
+        replica_unrolls=(None, 1), replica_devices=(2,),
         tree=dict(B=32, H=256, min_leaves=10, max_leaves=40),
         rounds=5, warmup_rounds=1, min_round_s=0.5, matmul_n=2048,
         naive_max_step_s=8.0, timeout_s=1800.0),
@@ -129,7 +138,7 @@ PROFILES = {
         unroll_factors=(1, 2, 4, 8),
         dyck_variants=({}, {"unroll": 1}, {"hoist": False},
                        {"small_loops": True}),
-        replica_unrolls=(None, 1),
+        replica_unrolls=(None, 1), replica_devices=(2,),
         tree=dict(B=32, H=256, min_leaves=10, max_leaves=40),
         rounds=3, warmup_rounds=1, min_round_s=0.3, matmul_n=2048,
         naive_max_step_s=3.0, timeout_s=900.0),
@@ -142,6 +151,7 @@ PROFILES = {
         fused_shapes=((2, 5, 8),),
         unroll_shapes=(((2, 5, 8), ("lstm",)),), unroll_factors=(1, 2),
         dyck_variants=({}, {"small_loops": True}), replica_unrolls=(None,),
+        replica_devices=(3,),
         tree=dict(B=2, H=8, min_leaves=3, max_leaves=6),
         rounds=2, warmup_rounds=1, min_round_s=0.0, matmul_n=64,
         naive_max_step_s=0.0, timeout_s=300.0),
@@ -279,7 +289,8 @@ def sorjax(cell, B, T, H, key=None, **opts) -> Contender:
   """small_loops=True: timed in a JAX worker that set
   `sorjax.small_loops.compile_whole()`."""
   spec = cell_spec("sorjax", cell, B, T, H, **opts)
-  fw = SMALL_LOOPS if spec.get("small_loops") else "jax"
+  fw = (SMALL_LOOPS if spec.get("small_loops") else
+        host_devices_worker(spec["devices"]) if spec.get("devices") else "jax")
   return Contender(key or specs.label(spec), spec, fw,
                    flops.train_flops(cell, spec["hparams"], spec["D"]))
 
@@ -324,6 +335,11 @@ class Bench:
                     # XLA reads its flags once: a process of its own
                     SMALL_LOOPS: Worker("benchmarks.jax_worker", log, dict(
                         env or {}, **{specs.SMALL_LOOPS_ENV: "1"}))}
+    for n in profile.replica_devices:  # started only when first used
+      flags = (f"--xla_force_host_platform_device_count={n} "
+               + os.environ.get("XLA_FLAGS", "")).strip()
+      self.workers[host_devices_worker(n)] = Worker(
+          "benchmarks.jax_worker", log, dict(env or {}, XLA_FLAGS=flags))
     self.log = log
     self.clock = "cpu_seconds" if args.clock == "cpu" else "seconds"
     self.counter = 0
@@ -731,10 +747,15 @@ def section_dyck(b: Bench, rep: Report):
              f"{f_x(r1)} (best variant {best.label}: "
              f"{f_x(g.ratio(best, torch_c))})", (ours[0], torch_c, 1.5))
 
-  # Replicas: one Adam step of R models at once vs one model.
+  # Replicas: one Adam step of R models at once vs one model; then the R
+  # models sharded over n CPU devices (R / n each, as the training loop
+  # shards them), against one model in the same process.
   pairs = [(sorjax("lstm", B, T, H, optimizer="adam", unroll=u),
             sorjax("lstm", B, T, H, optimizer="adam", replicas=R, unroll=u))
            for u in b.profile.replica_unrolls]
+  pairs += [(sorjax("lstm", B, T, H, optimizer="adam", devices=n),
+             sorjax("lstm", B, T, H, optimizer="adam", replicas=R, devices=n))
+            for n in b.profile.replica_devices if R % n == 0]
   cs = [c for p in pairs for c in p]
   g = b.group(cs, roofline=False)
 
@@ -751,15 +772,24 @@ def section_dyck(b: Bench, rep: Report):
                    "-" if step_ms is None else f"{step_ms:.2f}",
                    f_x(time_ratio(single, c)) if c is vm else "1.00x",
                    f_mb(c.peak_mb)])
-  rep.add(f"### {R} replicas trained at once (vmap), one Adam step\n\n" + table(
+  rep.add(f"### {R} replicas trained at once (vmap), one Adam step\n\n"
+          "A row with n devices ran in a process with n CPU devices "
+          "(`XLA_FLAGS=--xla_force_host_platform_device_count=n`); its "
+          "replicas' axis is sharded over them, and its single model ran in "
+          "that process too.\n\n" + table(
       ["step", "tokens/s (all replicas)", "ms/step", "time vs one model",
        "peak memory"], rows) + _errs(cs))
   trs = [time_ratio(*p) for p in pairs]
+  n_u = len(b.profile.replica_unrolls)
+  rest = [f"unroll={u}: {f_x(t)}" for u, t in
+          zip(b.profile.replica_unrolls[1:], trs[1:n_u])]
+  rest += [f"over {p[1].spec['devices']} CPU devices: {f_x(t)}"
+           for p, t in zip(pairs[n_u:], trs[n_u:])]
+  met = [t for t in trs if t is not None]
   rep.target(f"{R} vmapped replicas in <= 3x the time of one "
              f"({_shape((B, T, H))})",
-             None if trs[0] is None else trs[0] <= 3.0,
-             f_x(trs[0]) + "".join(f" (unroll={u}: {f_x(t)})" for u, t in
-                                  zip(b.profile.replica_unrolls[1:], trs[1:])))
+             None if not met else min(met) <= 3.0,
+             f_x(trs[0]) + (f" ({'; '.join(rest)})" if rest else ""))
 
 
 def section_scaling(b: Bench, rep: Report):

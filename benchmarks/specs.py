@@ -86,4 +86,6 @@ def label(spec: dict) -> str:
     opts.append(f"+{spec['optimizer']}")
   if spec.get("small_loops"):
     opts.append("small loops")
+  if spec.get("devices"):
+    opts.append(f"{spec['devices']} devices")
   return base + (f" [{', '.join(opts)}]" if opts else "")

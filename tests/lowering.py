@@ -40,7 +40,8 @@ def train_step_args(task, trainer, sharded: bool = False):
   """(state, batch, temperature) for `trainer._step_fn` as ShapeDtypeStructs:
   the state `init_state` gives, the task's first training batch. sharded:
   with the shardings the loop gives them (the batch through
-  `Trainer._shard_batch`, the state and temperature replicated)."""
+  `Trainer._shard_batch`, the state `Trainer.state_sharding`, the
+  temperature replicated)."""
   state = jax.eval_shape(trainer.init_state)
   batch = next(iter(task.train_batches(0, None)))[0]
   replicated = NamedSharding(trainer.mesh, P()) if sharded else None
@@ -50,7 +51,8 @@ def train_step_args(task, trainer, sharded: bool = False):
   def spec(a, sharding=replicated):
     dtype = a.dtype if hasattr(a, "dtype") else np.asarray(a).dtype
     return jax.ShapeDtypeStruct(np.shape(a), dtype, sharding=sharding)
-  state = jax.tree_util.tree_map(spec, state)
+  state = jax.tree_util.tree_map(
+      lambda a: spec(a, trainer.state_sharding if sharded else None), state)
   batch = {k: spec(a, a.sharding if sharded else None)
            for k, a in batch.items()}
   return state, batch, spec(np.zeros((), np.float32))

@@ -108,15 +108,16 @@ def test_bfloat16_lowers(name):
       jnp.dtype(jnp.bfloat16)}
 
 
-def sharded_step_export(workdir: str) -> dict:
+def sharded_step_export(workdir: str, replicas: int = 2) -> dict:
   """In a process with 4 devices: lowers the loop's train step of
-  tests/experiments/tiny_dyck.py (2 replicas) with the shardings the loop
-  gives it (`Trainer._shard_batch`: the batch axis over the devices, the
-  state replicated); reports what the export recorded."""
+  tests/experiments/tiny_dyck.py with the shardings the loop gives it
+  (2 replicas: the batch axis over the devices, the state replicated;
+  4 replicas: the state's replica axis over the devices, the batch
+  replicated); reports what the export recorded."""
   from sorjax.training.loop import Trainer
   from sorjax.training.tasks import make_task
   cfg = tiny_dyck.get_config()
-  cfg.num_replicas = 2
+  cfg.num_replicas = replicas
   task = make_task(cfg)
   trainer = Trainer(task, cfg, workdir)
   state, batch, temperature = train_step_args(task, trainer, sharded=True)
@@ -130,21 +131,26 @@ def sharded_step_export(workdir: str) -> dict:
           "batch": dict(zip(sorted(batch), map(str, specs[n_state:-1])))}
 
 
-def test_the_data_parallel_step_lowers_for_four_accelerators(tmp_path):
+@pytest.mark.parametrize("replicas, state, batch", [
+    (2, "()", "('data',)"),     # data parallel
+    (4, "('data',)", "()"),     # one replica per device
+])
+def test_the_sharded_step_lowers_for_four_accelerators(tmp_path, replicas,
+                                                       state, batch):
   env = dict(os.environ,
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   code = ("import json, sys; sys.path.insert(0, %r); from "
           "tests.test_accelerator_lowering import sharded_step_export; "
-          "print(json.dumps(sharded_step_export(%r)))" % (root, str(tmp_path)))
+          "print(json.dumps(sharded_step_export(%r, %d)))"
+          % (root, str(tmp_path), replicas))
   res = subprocess.run([sys.executable, "-c", code], env=env,
                        capture_output=True, text=True, timeout=300)
   assert res.returncode == 0, res.stderr[-3000:]
   out = json.loads(res.stdout.strip().splitlines()[-1])
   assert out["devices"] == out["nr_devices"] == 4
-  assert out["state"] == ["()"]
-  assert out["batch"] == {k: "('data',)" for k in
-                          ("inputs", "lengths", "targets")}
+  assert out["state"] == [state]
+  assert out["batch"] == {k: batch for k in ("inputs", "lengths", "targets")}
 
 
 def test_a_host_callback_in_a_step_is_refused():

@@ -301,6 +301,13 @@ def test_a_spec_for_the_other_kind_of_jax_worker_is_refused():
   with pytest.raises(ValueError, match="spec small_loops=True sent to a "
                      "worker with SORJAX_BENCH_SMALL_LOOPS=None"):
     jax_worker.make_case(spec)
+  n = jax.device_count()
+  spec = run.sorjax("lstm", 2, 3, 4, replicas=2, devices=n + 1).spec
+  assert run.sorjax("lstm", 2, 3, 4, devices=n + 1).framework == \
+      run.host_devices_worker(n + 1)
+  with pytest.raises(ValueError, match=f"spec devices={n + 1} sent to a "
+                     f"worker with {n} devices"):
+    jax_worker.make_case(spec)
 
 
 # ------------------------------------------------------------------ end to end
@@ -348,7 +355,10 @@ def test_smoke_run_jax_only(tmp_path):
   for g, label in ((dyck, "sorjax lstm"), (dyck, "flax OptimizedLSTMCell"),
                    (dyck, "sorjax lstm [small loops]"),
                    (replicas, "sorjax lstm [+adam]"),
-                   (replicas, "sorjax lstm [x3 replicas (vmap), +adam]")):
+                   (replicas, "sorjax lstm [x3 replicas (vmap), +adam]"),
+                   (replicas, "sorjax lstm [+adam, 3 devices]"),
+                   (replicas, "sorjax lstm [x3 replicas (vmap), +adam, "
+                              "3 devices]")):
     assert g[label]["error"] is None
     assert len(g[label]["rates"]) == 2 and all(r > 0 for r in g[label]["rates"])
     assert g[label]["info"]["peak_bytes"] > 0
@@ -363,6 +373,10 @@ def test_smoke_run_jax_only(tmp_path):
   # its own worker process, which compiled small loops whole
   assert dyck["sorjax lstm [small loops]"]["info"]["small_loops"] is True
   assert dyck["sorjax lstm"]["info"]["small_loops"] is False
+  # the replicas' axis over the 3 CPU devices of a worker of its own
+  sharded = replicas["sorjax lstm [x3 replicas (vmap), +adam, 3 devices]"]
+  assert sharded["info"]["devices"] == 3
+  assert "over 3 CPU devices: " in text
 
 
 def test_smoke_run_fused_and_remat(tmp_path):

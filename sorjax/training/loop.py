@@ -2,9 +2,13 @@
 
 - replicas: `num_replicas` independent seeds (params, optimizer, RNG, carry)
   trained by one compiled step, vmapped over a leading replica axis;
-- devices: the batch axis is sharded over all local devices (data
-  parallelism with `jax.sharding`); the train state is replicated; one
-  process (a multi-process `jax.distributed` run is refused);
+- devices: with a number of replicas divisible by the local devices'
+  count (> 1), the replica axis of the train state is sharded over them
+  (each device trains its replicas on the whole batch: replicas are
+  independent, so nothing crosses devices); otherwise the batch axis is
+  sharded (data parallelism with `jax.sharding`) and the train state is
+  replicated. One process (a multi-process `jax.distributed` run is
+  refused);
 - resume: everything the future depends on (state, epoch, data position,
   plateau / early-stopping / NT-ASGD bookkeeping) is checkpointed, so a killed
   run restarted with the same command ends where an uninterrupted one would;
@@ -87,6 +91,12 @@ class Trainer:
           f"or TPU chip.")
     self.devices = jax.local_devices()
     self.mesh = Mesh(np.array(self.devices), ("data",))
+    n = len(self.devices)
+    # Replica parallelism where the replicas divide evenly: no gradient
+    # all-reduce, and each device holds only its replicas' state.
+    self.replica_parallel = n > 1 and self.R % n == 0
+    self.state_sharding = NamedSharding(
+        self.mesh, P("data") if self.replica_parallel else P())
     self._step_fn = self._build_step()
 
   # ------------------------------------------------------------ state
@@ -101,8 +111,10 @@ class Trainer:
                       opt_state=opt_state, rng=jax.random.key_data(k_run),
                       carry=carry, nonfinite=jnp.zeros((self.R,), bool))
 
-  def _replicated(self, tree):
-    return jax.device_put(tree, NamedSharding(self.mesh, P()))
+  def _place_state(self, tree):
+    """State leaves (leading replica axis) on the devices:
+    `state_sharding`."""
+    return jax.device_put(tree, self.state_sharding)
 
   def _shard_batch(self, batch):
     n = len(self.devices)
@@ -110,7 +122,8 @@ class Trainer:
 
     def put(k, a):
       a = np.asarray(a)
-      if a.ndim == 0 or n == 1 or k in replicated:
+      if (a.ndim == 0 or n == 1 or k in replicated
+          or self.replica_parallel):
         return jax.device_put(a, NamedSharding(self.mesh, P()))
       if a.shape[0] % n:
         raise ValueError(
@@ -193,7 +206,7 @@ class Trainer:
         plateau_state = [type(s)(**{k: jnp.asarray(v) for k, v in d.items()})
                          for s, d in zip(plateau_state, meta["plateau"])]
 
-    state = self._replicated(state)
+    state = self._place_state(state)
     writer = MetricWriter(self.workdir, tensorboard=tcfg.get("tensorboard",
                                                              True))
     epoch, position = meta["epoch"], meta["position"]
@@ -331,13 +344,13 @@ class Trainer:
   def _apply_epoch_decisions(self, state, plateau_state, start_avg):
     if plateau_state is not None:
       scales = jnp.stack([s.scale for s in plateau_state])
-      state = state.replace(opt_state=set_hyperparam(
-          state.opt_state, "plateau_scale", scales))
+      state = state.replace(opt_state=self._place_state(set_hyperparam(
+          state.opt_state, "plateau_scale", scales)))
     if any(start_avg):
       host = jax.device_get(state.opt_state)
       per = [asgd.start_averaging(_tree_index(host, r)) if s else
              _tree_index(host, r) for r, s in enumerate(start_avg)]
-      state = state.replace(opt_state=self._replicated(
+      state = state.replace(opt_state=self._place_state(
           jax.tree_util.tree_map(lambda *a: jnp.stack(a), *per)))
     return state
 

@@ -83,6 +83,30 @@ def test_four_devices_match_one(tmp_path):
   np.testing.assert_allclose(out[4][1], out[1][1], rtol=1e-5)
 
 
+def test_replicas_over_four_devices_match_one(tmp_path):
+  """4 replicas on a forced 4-device CPU host: each device trains one
+  replica on the whole batch (the state's replica axis sharded, the batch
+  replicated), and every replica ends as on one device."""
+  code = (
+      "import sys, json; sys.path.insert(0, %r);"
+      "from tests.training.test_loop import run;"
+      "import jax; s = run(%r, num_replicas=4, seed=5);"
+      "w = s.params['w'];"
+      "print(json.dumps([jax.device_count(), list(w.sharding.spec),"
+      " len(w.sharding.device_set), w.tolist()]))")
+  out = {}
+  for n in (1, 4):
+    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+    res = subprocess.run([sys.executable, "-c", code % (ROOT, str(tmp_path / str(n)))],
+                         env=env, capture_output=True, text=True, timeout=300)
+    assert res.returncode == 0, res.stderr[-2000:]
+    out[n] = json.loads(res.stdout.strip().splitlines()[-1])
+  assert out[4][:3] == [4, ["data"], 4]
+  assert out[1][0] == 1
+  np.testing.assert_allclose(out[4][3], out[1][3], rtol=1e-5)
+  assert not np.allclose(out[4][3][0], out[4][3][1])    # distinct seeds
+
+
 def test_a_multi_process_run_is_refused(tmp_path):
   # Under jax.distributed (here 2 CPU processes on this host) each process
   # would train the same model alone on its own devices and write the same
