@@ -29,6 +29,12 @@ flags.DEFINE_enum("host_malloc", "default", host_memory.MODES,
                   "GLIBC_TUNABLES set); reuse: keep freed host buffers in "
                   "the process (no faults, at the cost of a heap that keeps "
                   "a few temps); default: glibc as is.")
+flags.DEFINE_integer(
+    "cpu_devices", 0,
+    "XLA:CPU devices to make of this host's cores (0: XLA's own count, one). "
+    "The loop shards the replicas over them when they divide evenly (each "
+    "device's share runs concurrently; 20 small Dyck replicas measured 1.4x "
+    "faster on 2), otherwise the batch.", lower_bound=0)
 flags.DEFINE_bool("small_loops", False,
                   "XLA:CPU compiles each small scan whole, as one function "
                   "(sorjax.small_loops): 1.1-2.8x faster for single models "
@@ -39,7 +45,8 @@ flags.mark_flags_as_required(["config", "workdir"])
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  train.prepare_process(FLAGS.host_malloc, FLAGS.small_loops)
+  train.prepare_process(FLAGS.host_malloc, FLAGS.small_loops,
+                        FLAGS.cpu_devices)
   try:
     train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
   except ConfigError as e:

@@ -40,6 +40,8 @@ flags.DEFINE_bool("list", False, "List the items and exit.")
 flags.DEFINE_enum("host_malloc", "default",
                   ("default", "reuse", "hugepages"),
                   "As experiments.main's --host_malloc (sorjax.host_memory).")
+flags.DEFINE_integer("cpu_devices", 0,
+                     "As experiments.main's --cpu_devices.", lower_bound=0)
 flags.DEFINE_bool("small_loops", False,
                   "As experiments.main's --small_loops (sorjax.small_loops).")
 
@@ -751,7 +753,8 @@ def main(argv):
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required")
   from experiments import train as trainer
-  trainer.prepare_process(FLAGS.host_malloc, FLAGS.small_loops)
+  trainer.prepare_process(FLAGS.host_malloc, FLAGS.small_loops,
+                          FLAGS.cpu_devices)
   try:
     s = reproduce(argv[1], FLAGS.workdir, FLAGS.scale, FLAGS.replicas,
                   FLAGS.figures)

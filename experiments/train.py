@@ -4,6 +4,7 @@ write the figures the config asks for."""
 from __future__ import annotations
 
 import logging as std_logging
+import os
 
 import jax
 from absl import logging
@@ -22,22 +23,59 @@ class _QuietLibraries(std_logging.Filter):
         "orbax" not in record.pathname)
 
 
-def prepare_process(host_malloc: str, whole_small_loops: bool = False
-                    ) -> None:
+CPU_DEVICES_FLAG = "--xla_force_host_platform_device_count"
+
+
+def force_cpu_devices(n: int) -> None:
+  """Puts `--xla_force_host_platform_device_count=n` at the front of
+  XLA_FLAGS: XLA:CPU then offers n devices, over which the training loop
+  shards the replicas when they divide evenly (each device's share runs
+  concurrently) and otherwise the batch.
+
+  Raises:
+    ValueError: n < 1, or XLA_FLAGS already sets the flag.
+    RuntimeError: JAX's backend has started (XLA has read its flags).
+  """
+  if not isinstance(n, int) or n < 1:
+    raise ValueError(f"--cpu_devices must be an int >= 1, got {n!r}")
+  if host_memory.backend_started():
+    raise RuntimeError("--cpu_devices must be applied before JAX starts its "
+                       "backend: XLA reads XLA_FLAGS once")
+  current = os.environ.get("XLA_FLAGS", "")
+  if CPU_DEVICES_FLAG + "=" in current:
+    raise ValueError(f"--cpu_devices: XLA_FLAGS already sets "
+                     f"{CPU_DEVICES_FLAG} ({current!r}); set one of the two")
+  os.environ["XLA_FLAGS"] = f"{CPU_DEVICES_FLAG}={n} {current}".strip()
+
+
+def prepare_process(host_malloc: str, whole_small_loops: bool = False,
+                    cpu_devices: int = 0) -> None:
   """What both launchers do first: their log without orbax's INFO lines
   (warnings stay), then `--host_malloc` (`sorjax.host_memory.configure`,
   which may restart the process), logged when it applies, then
-  `--small_loops` (`sorjax.small_loops.compile_whole_checked`).
+  `--cpu_devices` (`force_cpu_devices`; 0 leaves XLA's count), checked to
+  apply, then `--small_loops` (`sorjax.small_loops.compile_whole_checked`).
 
   Raises:
-    ValueError: `--small_loops` in a process that computes on a GPU or
-      TPU, or whose XLA_FLAGS already set its flags.
+    ValueError: `--small_loops` or `--cpu_devices` in a process that
+      computes on a GPU or TPU, or whose XLA_FLAGS already set their flags.
     RuntimeError: `--small_loops` set, but XLA compiled a small loop as
-      before.
+      before; `--cpu_devices` set, but XLA made another number of devices.
   """
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if host_memory.configure(host_malloc):
     logging.info("host_malloc: %s", host_memory.APPLIED[host_malloc])
+  if cpu_devices:
+    force_cpu_devices(cpu_devices)
+    if jax.default_backend() != "cpu":
+      raise ValueError(
+          f"--cpu_devices is an XLA:CPU setting; this process computes on "
+          f"{jax.default_backend()}")
+    if jax.device_count() != cpu_devices:
+      raise RuntimeError(
+          f"--cpu_devices={cpu_devices}: XLA made {jax.device_count()} "
+          f"devices (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
+    logging.info("cpu_devices: %d", cpu_devices)
   if whole_small_loops:
     small_loops.compile_whole_checked("--small_loops")
     if jax.default_backend() != "cpu":
