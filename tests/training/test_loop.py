@@ -7,8 +7,6 @@ import socket
 import subprocess
 import sys
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
@@ -65,46 +63,40 @@ def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   assert step <= 10 and np.isfinite(step)
 
 
-def test_four_devices_match_one(tmp_path):
-  """Sharded over a forced 4-device CPU host, losses equal one device."""
+def _trained_on(tmp_path, n, run_args=""):
+  """In a process with n forced CPU devices: `run(workdir, <run_args>)`;
+  returns [device count, the spec and device count of w's sharding, w]."""
   code = (
       "import sys, json; sys.path.insert(0, %r);"
       "from tests.training.test_loop import run;"
-      "import jax; s = run(%r); print(json.dumps([jax.device_count(), "
-      "s.params['w'][0].tolist()]))")
-  out = {}
-  for n in (1, 4):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
-    res = subprocess.run([sys.executable, "-c", code % (ROOT, str(tmp_path / str(n)))],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    out[n] = json.loads(res.stdout.strip().splitlines()[-1])
-  assert out[4][0] == 4 and out[1][0] == 1
-  np.testing.assert_allclose(out[4][1], out[1][1], rtol=1e-5)
+      "import jax; w = run(%r%s).params['w'];"
+      "print(json.dumps([jax.device_count(), list(w.sharding.spec),"
+      " len(w.sharding.device_set), w.tolist()]))"
+      % (ROOT, str(tmp_path / str(n)), run_args))
+  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+  res = subprocess.run([sys.executable, "-c", code], env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-2000:]
+  return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def test_four_devices_match_one(tmp_path):
+  """Sharded over a forced 4-device CPU host (the batch; the state
+  replicated), the parameters equal one device's."""
+  one, four = _trained_on(tmp_path, 1), _trained_on(tmp_path, 4)
+  assert one[0] == 1 and four[:3] == [4, [], 4]
+  np.testing.assert_allclose(four[3], one[3], rtol=1e-5)
 
 
 def test_replicas_over_four_devices_match_one(tmp_path):
   """4 replicas on a forced 4-device CPU host: each device trains one
   replica on the whole batch (the state's replica axis sharded, the batch
   replicated), and every replica ends as on one device."""
-  code = (
-      "import sys, json; sys.path.insert(0, %r);"
-      "from tests.training.test_loop import run;"
-      "import jax; s = run(%r, num_replicas=4, seed=5);"
-      "w = s.params['w'];"
-      "print(json.dumps([jax.device_count(), list(w.sharding.spec),"
-      " len(w.sharding.device_set), w.tolist()]))")
-  out = {}
-  for n in (1, 4):
-    env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
-    res = subprocess.run([sys.executable, "-c", code % (ROOT, str(tmp_path / str(n)))],
-                         env=env, capture_output=True, text=True, timeout=300)
-    assert res.returncode == 0, res.stderr[-2000:]
-    out[n] = json.loads(res.stdout.strip().splitlines()[-1])
-  assert out[4][:3] == [4, ["data"], 4]
-  assert out[1][0] == 1
-  np.testing.assert_allclose(out[4][3], out[1][3], rtol=1e-5)
-  assert not np.allclose(out[4][3][0], out[4][3][1])    # distinct seeds
+  args = ", num_replicas=4, seed=5"
+  one, four = _trained_on(tmp_path, 1, args), _trained_on(tmp_path, 4, args)
+  assert one[0] == 1 and four[:3] == [4, ["data"], 4]
+  np.testing.assert_allclose(four[3], one[3], rtol=1e-5)
+  assert not np.allclose(four[3][0], four[3][1])    # distinct seeds
 
 
 def test_a_multi_process_run_is_refused(tmp_path):
