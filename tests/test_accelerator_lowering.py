@@ -132,8 +132,8 @@ def sharded_step_export(workdir: str, replicas: int = 2) -> dict:
 
 
 @pytest.mark.parametrize("replicas, state, batch", [
-    (2, "()", "('data',)"),     # data parallel
-    (4, "('data',)", "()"),     # one replica per device
+    (2, "()", "('devices',)"),     # data parallel
+    (4, "('devices',)", "()"),     # one replica per device
 ])
 def test_the_sharded_step_lowers_for_four_accelerators(tmp_path, replicas,
                                                        state, batch):

@@ -90,13 +90,14 @@ class Trainer:
           f"{workdir}. Start one process per run; it uses every local GPU "
           f"or TPU chip.")
     self.devices = jax.local_devices()
-    self.mesh = Mesh(np.array(self.devices), ("data",))
+    # One axis over the local devices: it shards the batch, or the replicas.
+    self.mesh = Mesh(np.array(self.devices), ("devices",))
     n = len(self.devices)
     # Replica parallelism where the replicas divide evenly: no gradient
     # all-reduce, and each device holds only its replicas' state.
     self.replica_parallel = n > 1 and self.R % n == 0
     self.state_sharding = NamedSharding(
-        self.mesh, P("data") if self.replica_parallel else P())
+        self.mesh, P("devices") if self.replica_parallel else P())
     self._step_fn = self._build_step()
 
   # ------------------------------------------------------------ state
@@ -129,7 +130,7 @@ class Trainer:
         raise ValueError(
             f"batch axis {a.shape[0]} is not divisible by the {n} devices "
             "(set the batch size to a multiple of jax.local_device_count())")
-      return jax.device_put(a, NamedSharding(self.mesh, P("data")))
+      return jax.device_put(a, NamedSharding(self.mesh, P("devices")))
     return {k: put(k, v) for k, v in batch.items()}
 
   # ------------------------------------------------------------ step

@@ -49,7 +49,7 @@ def test_launchers_make_the_devices_and_the_loop_shards_replicas_over_them():
   assert res.stdout.strip().splitlines()[-1] == str([
       2, "--xla_force_host_platform_device_count=2 "
       "--xla_cpu_enable_fast_math=false",
-      [True, ["data"]],      # 2 replicas: one a device
+      [True, ["devices"]],   # 2 replicas: one a device
       [False, []]])          # 3 replicas: the batch is sharded instead
   assert "cpu_devices: 2" in res.stderr
 

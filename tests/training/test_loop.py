@@ -94,7 +94,7 @@ def test_replicas_over_four_devices_match_one(tmp_path):
   replicated), and every replica ends as on one device."""
   args = ", num_replicas=4, seed=5"
   one, four = _trained_on(tmp_path, 1, args), _trained_on(tmp_path, 4, args)
-  assert one[0] == 1 and four[:3] == [4, ["data"], 4]
+  assert one[0] == 1 and four[:3] == [4, ["devices"], 4]
   np.testing.assert_allclose(four[3], one[3], rtol=1e-5)
   assert not np.allclose(four[3][0], four[3][1])    # distinct seeds
 
