@@ -974,10 +974,9 @@ def cpu_from_cpuinfo(text: str) -> str:
     if sep:
       fields.setdefault(key.strip(), value.strip())
   name = fields.get("model name", "")
-  ids = [f"{k} {fields[k]}" for k in ("cpu family", "model") if k in fields]
-  if name and ids:
-    return f"{name} ({' '.join(ids).replace('cpu family', 'family')})"
-  return name
+  ids = [f"{label} {fields[key]}" for key, label in
+         (("cpu family", "family"), ("model", "model")) if key in fields]
+  return f"{name} ({' '.join(ids)})" if name and ids else name
 
 
 def parse_args(argv=None):

@@ -9,7 +9,7 @@ import os
 import jax
 from absl import logging
 
-from sorjax import host_memory, small_loops
+from sorjax import host_memory, small_loops, xla_flags
 from sorjax.training.loop import Trainer
 from sorjax.training.tasks import make_task
 from sorjax.training.tasks.common import ConfigError
@@ -38,14 +38,14 @@ def force_cpu_devices(n: int) -> None:
   """
   if not isinstance(n, int) or n < 1:
     raise ValueError(f"--cpu_devices must be an int >= 1, got {n!r}")
-  if host_memory.backend_started():
-    raise RuntimeError("--cpu_devices must be applied before JAX starts its "
-                       "backend: XLA reads XLA_FLAGS once")
-  current = os.environ.get("XLA_FLAGS", "")
-  if CPU_DEVICES_FLAG + "=" in current:
-    raise ValueError(f"--cpu_devices: XLA_FLAGS already sets "
-                     f"{CPU_DEVICES_FLAG} ({current!r}); set one of the two")
-  os.environ["XLA_FLAGS"] = f"{CPU_DEVICES_FLAG}={n} {current}".strip()
+  xla_flags.prepend("--cpu_devices", f"{CPU_DEVICES_FLAG}={n}",
+                    (CPU_DEVICES_FLAG,))
+
+
+def _cpu_only(flag: str) -> None:
+  if jax.default_backend() != "cpu":
+    raise ValueError(f"{flag} is an XLA:CPU setting; this process computes "
+                     f"on {jax.default_backend()}")
 
 
 def prepare_process(host_malloc: str, whole_small_loops: bool = False,
@@ -67,10 +67,7 @@ def prepare_process(host_malloc: str, whole_small_loops: bool = False,
     logging.info("host_malloc: %s", host_memory.APPLIED[host_malloc])
   if cpu_devices:
     force_cpu_devices(cpu_devices)
-    if jax.default_backend() != "cpu":
-      raise ValueError(
-          f"--cpu_devices is an XLA:CPU setting; this process computes on "
-          f"{jax.default_backend()}")
+    _cpu_only("--cpu_devices")
     if jax.device_count() != cpu_devices:
       raise RuntimeError(
           f"--cpu_devices={cpu_devices}: XLA made {jax.device_count()} "
@@ -78,10 +75,7 @@ def prepare_process(host_malloc: str, whole_small_loops: bool = False,
     logging.info("cpu_devices: %d", cpu_devices)
   if whole_small_loops:
     small_loops.compile_whole_checked("--small_loops")
-    if jax.default_backend() != "cpu":
-      raise ValueError(
-          f"--small_loops is an XLA:CPU setting; this process computes on "
-          f"{jax.default_backend()}")
+    _cpu_only("--small_loops")
     logging.info("small_loops: %s", small_loops.xla_flags())
 
 

@@ -50,7 +50,7 @@ import os
 import jax
 import jax.numpy as jnp
 
-from sorjax import host_memory
+from sorjax.xla_flags import prepend as _prepend_flags
 
 # A loop iteration of the LSTM at B=10 H=12 accesses < 128 KB (cost
 # analysis); at B=32 H=128 > 1 MB.
@@ -81,19 +81,8 @@ def compile_whole(max_bytes: int = MAX_BYTES) -> None:
     ValueError: XLA_FLAGS already sets either flag (it would be given
       twice; set both there instead), or a bad `max_bytes`.
   """
-  words = xla_flags(max_bytes)
-  if host_memory.backend_started():
-    raise RuntimeError(
-        "small_loops.compile_whole() must run before JAX starts its "
-        "backend (the first computation or jax.devices()): XLA reads "
-        "XLA_FLAGS once; call it first in main()")
-  current = os.environ.get("XLA_FLAGS", "")
-  for flag in (_EXTRA, _YNN):
-    if flag + "=" in current:
-      raise ValueError(
-          f"XLA_FLAGS already sets {flag} ({current!r}); set the small-loop "
-          f"flags there instead: {words}")
-  os.environ["XLA_FLAGS"] = f"{words} {current}".strip()
+  _prepend_flags("small_loops.compile_whole()", xla_flags(max_bytes),
+                 (_EXTRA, _YNN))
 
 
 def compile_whole_checked(where: str, max_bytes: int = MAX_BYTES) -> None:
