@@ -89,6 +89,10 @@ class Profile:
   # CPU device counts over which the replicas are also timed sharded (the
   # training loop's replica parallelism), each in a worker of its own
   replica_devices: tuple
+  # (B, T, H) of a paper's replicated runs, timed on one and on the
+  # replica_devices (Mahto et al.: 20 replicas of a 256-unit LSTM, batch 128,
+  # up to 200 brackets)
+  replica_paper_shapes: tuple
   tree: dict               # B, H, min_leaves, max_leaves
   rounds: int
   warmup_rounds: int       # untimed rounds first (the first ran slow)
@@ -123,6 +127,7 @@ PROFILES = {
         dyck_variants=({}, {"unroll": 1}, {"hoist": False},
                        {"small_loops": True}),
         replica_unrolls=(None, 1), replica_devices=(2,),
+        replica_paper_shapes=((128, 200, 256),),
         tree=dict(B=32, H=256, min_leaves=10, max_leaves=40),
         rounds=5, warmup_rounds=1, min_round_s=0.5, matmul_n=2048,
         naive_max_step_s=8.0, timeout_s=1800.0),
@@ -139,6 +144,7 @@ PROFILES = {
         dyck_variants=({}, {"unroll": 1}, {"hoist": False},
                        {"small_loops": True}),
         replica_unrolls=(None, 1), replica_devices=(2,),
+        replica_paper_shapes=((128, 50, 256),),
         tree=dict(B=32, H=256, min_leaves=10, max_leaves=40),
         rounds=3, warmup_rounds=1, min_round_s=0.3, matmul_n=2048,
         naive_max_step_s=3.0, timeout_s=900.0),
@@ -151,7 +157,7 @@ PROFILES = {
         fused_shapes=((2, 5, 8),),
         unroll_shapes=(((2, 5, 8), ("lstm",)),), unroll_factors=(1, 2),
         dyck_variants=({}, {"small_loops": True}), replica_unrolls=(None,),
-        replica_devices=(3,),
+        replica_devices=(3,), replica_paper_shapes=((2, 5, 8),),
         tree=dict(B=2, H=8, min_leaves=3, max_leaves=6),
         rounds=2, warmup_rounds=1, min_round_s=0.0, matmul_n=64,
         naive_max_step_s=0.0, timeout_s=300.0),
@@ -747,15 +753,46 @@ def section_dyck(b: Bench, rep: Report):
              f"{f_x(r1)} (best variant {best.label}: "
              f"{f_x(g.ratio(best, torch_c))})", (ours[0], torch_c, 1.5))
 
-  # Replicas: one Adam step of R models at once vs one model; then the R
-  # models sharded over n CPU devices (R / n each, as the training loop
-  # shards them), against one model in the same process.
+  trs, _ = replica_table(b, rep, (B, T, H), R, b.profile.replica_unrolls)
+  n_u = len(b.profile.replica_unrolls)
+  rest = [f"unroll={u}: {f_x(t)}" for u, t in
+          zip(b.profile.replica_unrolls[1:], trs[1:n_u])]
+  rest += [f"over {n} CPU devices: {f_x(t)}" for n, t in
+           zip(replica_device_counts(b, R), trs[n_u:])]
+  met = [t for t in trs if t is not None]
+  rep.target(f"{R} vmapped replicas in <= 3x the time of one "
+             f"({_shape((B, T, H))})",
+             None if not met else min(met) <= 3.0,
+             f_x(trs[0]) + (f" ({'; '.join(rest)})" if rest else ""))
+  for shape in b.profile.replica_paper_shapes:  # no target: a record
+    _, speedups = replica_table(
+        b, rep, shape, R, (None,),
+        title=f"at Mahto et al.'s batch and width ({_shape(shape)})")
+    for n, x in zip(replica_device_counts(b, R), speedups):
+      rep.add(f"Sharded over {n} CPU devices, the {R} replicas ran "
+              f"{f_x(x)} as fast as on one device.")
+
+
+def replica_device_counts(b: Bench, R: int) -> list[int]:
+  """The profile's CPU device counts that R replicas divide evenly."""
+  return [n for n in b.profile.replica_devices if R % n == 0]
+
+
+def replica_table(b: Bench, rep: Report, shape, R: int, unrolls,
+                  title: str = "") -> list:
+  """One Adam step of R models at once (vmap) against one model, for each
+  unroll factor; then the R models sharded over n CPU devices (R / n each,
+  as the training loop shards them), against one model in that process.
+  Adds the table. Returns each pair's time ratio (None where unmeasured),
+  the unroll pairs first, and the rate of the R replicas on each device
+  count over their rate with the first unroll factor on one device."""
+  B, T, H = shape
   pairs = [(sorjax("lstm", B, T, H, optimizer="adam", unroll=u),
             sorjax("lstm", B, T, H, optimizer="adam", replicas=R, unroll=u))
-           for u in b.profile.replica_unrolls]
+           for u in unrolls]
   pairs += [(sorjax("lstm", B, T, H, optimizer="adam", devices=n),
              sorjax("lstm", B, T, H, optimizer="adam", replicas=R, devices=n))
-            for n in b.profile.replica_devices if R % n == 0]
+            for n in replica_device_counts(b, R)]
   cs = [c for p in pairs for c in p]
   g = b.group(cs, roofline=False)
 
@@ -772,24 +809,16 @@ def section_dyck(b: Bench, rep: Report):
                    "-" if step_ms is None else f"{step_ms:.2f}",
                    f_x(time_ratio(single, c)) if c is vm else "1.00x",
                    f_mb(c.peak_mb)])
-  rep.add(f"### {R} replicas trained at once (vmap), one Adam step\n\n"
+  rep.add(f"### {R} replicas trained at once (vmap), one Adam step"
+          + (f", {title}" if title else "") + "\n\n"
           "A row with n devices ran in a process with n CPU devices "
           "(`XLA_FLAGS=--xla_force_host_platform_device_count=n`); its "
           "replicas' axis is sharded over them, and its single model ran in "
           "that process too.\n\n" + table(
       ["step", "tokens/s (all replicas)", "ms/step", "time vs one model",
        "peak memory"], rows) + _errs(cs))
-  trs = [time_ratio(*p) for p in pairs]
-  n_u = len(b.profile.replica_unrolls)
-  rest = [f"unroll={u}: {f_x(t)}" for u, t in
-          zip(b.profile.replica_unrolls[1:], trs[1:n_u])]
-  rest += [f"over {p[1].spec['devices']} CPU devices: {f_x(t)}"
-           for p, t in zip(pairs[n_u:], trs[n_u:])]
-  met = [t for t in trs if t is not None]
-  rep.target(f"{R} vmapped replicas in <= 3x the time of one "
-             f"({_shape((B, T, H))})",
-             None if not met else min(met) <= 3.0,
-             f_x(trs[0]) + (f" ({'; '.join(rest)})" if rest else ""))
+  return ([time_ratio(*p) for p in pairs],
+          [g.ratio(vm, pairs[0][1]) for _, vm in pairs[len(unrolls):]])
 
 
 def section_scaling(b: Bench, rep: Report):

@@ -349,7 +349,7 @@ def test_smoke_run_jax_only(tmp_path):
   for heading in ("## Targets", "## Small-model regime",
                   "replicas trained at once", "Load average at end"):
     assert heading in text
-  dyck, replicas = _groups(raw)
+  dyck, replicas, paper = _groups(raw)
   assert dyck["torch.nn.LSTM"]["error"].startswith(
       "skipped: torch not installed")
   for g, label in ((dyck, "sorjax lstm"), (dyck, "flax OptimizedLSTMCell"),
@@ -377,6 +377,15 @@ def test_smoke_run_jax_only(tmp_path):
   sharded = replicas["sorjax lstm [x3 replicas (vmap), +adam, 3 devices]"]
   assert sharded["info"]["devices"] == 3
   assert "over 3 CPU devices: " in text
+  # the replicas at a paper's batch and width, on one and on 3 devices
+  assert "at Mahto et al.'s batch and width (B=2 T=5 H=8)" in text
+  one = paper["sorjax lstm [x3 replicas (vmap), +adam]"]
+  three = paper["sorjax lstm [x3 replicas (vmap), +adam, 3 devices]"]
+  assert one["info"]["tokens_per_step"] == 3 * 2 * 5
+  assert three["info"]["devices"] == 3 and three["error"] is None
+  speedup = np.median(np.array(three["rates"]) / np.array(one["rates"]))
+  assert f"Sharded over 3 CPU devices, the 3 replicas ran {speedup:.2f}x " \
+      "as fast as on one device." in text
 
 
 def test_smoke_run_fused_and_remat(tmp_path):
