@@ -22,6 +22,10 @@ drifts between rounds cancels. Sections:
   whose recurrent product is a dot, a static Python loop over the H input
   rows (`acc += h[..., k, None] * W[k]`, one fused elementwise loop), or a
   broadcast-multiply-and-sum.
+- lanes: forward + backward (fixed output cotangent) of one
+  `fused_lstm.lstm_layer`, of R of them vmapped, and of the R layers in
+  vectorised lanes (`benchmarks.replica_lanes`: replicas and batch in the
+  minor dimension, products as H unrolled multiply-adds).
 - floor: the LSTM's elementwise work alone (no matmul: the product replaced
   by one multiply), forward + hand-written backward on flat vectorised
   lanes, for 1 model (B*H = 120 lanes) and R models (R*B*H lanes), next to
@@ -52,7 +56,9 @@ import optax
 
 import sorjax
 from sorjax import cells, small_loops
+from sorjax.cells.base import LSTMCarry
 from sorjax.cells.lstm import LSTM
+from benchmarks import replica_lanes
 from benchmarks.jax_worker import JaxCase
 from sorjax.fused_lstm import lstm_layer, lstm_scan
 from sorjax.layer_scan import scan_prefetch
@@ -60,7 +66,8 @@ from sorjax.layer_scan import scan_prefetch
 B, T, H = 10, 200, 12
 CLOCK = time.process_time   # --clock wall: time.perf_counter
 D = H
-SECTIONS = ("dyck", "replicas", "floor", "codegen", "paths", "layouts")
+SECTIONS = ("dyck", "replicas", "lanes", "floor", "codegen", "paths",
+            "layouts")
 
 
 # ------------------------------------------------------------------ timing
@@ -377,6 +384,48 @@ def section_replicas(args):
                f"x{R} time / x1 time"], rows) + "\n")
 
 
+def layer_grad(fwd, lead=()):
+  """(step, args): d<fwd(W_h, W_x, b, xs), G>/d(W_h, W_x, b) at D = H,
+  with a leading `lead` axis (the replicas) on every array."""
+  k = jax.random.split(jax.random.key(4), 5)
+  p = (0.3 * jax.random.normal(k[0], (*lead, H, 4 * H)),
+       0.3 * jax.random.normal(k[1], (*lead, D, 4 * H)),
+       0.1 * jax.random.normal(k[2], (*lead, 4 * H)))
+  xs = jax.random.normal(k[3], (*lead, B, T, D))
+  G = jax.random.normal(k[4], (*lead, B, T, H))
+
+  def step(p, xs, G):
+    return jax.vjp(lambda p: fwd(*p, xs), p)[1](G)[0]
+  return step, (p, xs, G)
+
+
+def one_layer(W_h, W_x, b, xs):
+  """`fused_lstm.lstm_layer` from zero state, [B, T, D] -> [B, T, H]."""
+  zero = jnp.zeros((xs.shape[0], H), xs.dtype)
+  _, ys = lstm_layer(W_h, W_x, b, jnp.swapaxes(xs, 0, 1),
+                     LSTMCarry(zero, zero))
+  return jnp.swapaxes(ys, 0, 1)
+
+
+def section_lanes(args):
+  R = args.replicas
+  one, one_args = layer_grad(one_layer)
+  vm, vm_args = layer_grad(one_layer, (R,))
+  ln, _ = layer_grad(replica_lanes.lstm_replicas, (R,))
+  cases = [Case("one model (fused_lstm.lstm_layer)", one, one_args),
+           Case(f"{R} replicas, vmap", jax.vmap(vm), vm_args),
+           Case(f"{R} replicas in lanes (benchmarks.replica_lanes)", ln,
+                vm_args)]
+  ts = rounds(cases, args.rounds, args.min_seconds)
+  base = cases[0].label
+  rows = [[c.label, f"{1e6 * statistics.median(ts[c.label]) / T:.2f}",
+           f"{ratio(ts, c.label, base):.2f}x"] for c in cases]
+  print(f"## {R} replicas in lanes vs vmap, forward + backward of the "
+        f"layer (B={B} T={T} H={H})\n")
+  print(table(["computation", "us per time step", "time vs one model"],
+              rows) + "\n")
+
+
 def elementwise_floor(N):
   """LSTM elementwise work alone on N flat lanes, forward + backward."""
   sig = jax.nn.sigmoid
@@ -501,7 +550,8 @@ def main(argv=None):
   chosen = chosen_sections(ap, args.sections, SECTIONS)
   print(f"# Small-model regime, per core: {time.strftime('%Y-%m-%d %H:%M')}, "
         f"load {os.getloadavg()[0]:.2f}, XLA_FLAGS="
-        f"{os.environ.get('XLA_FLAGS', '')!r}, jax {jax.__version__}\n")
+        f"{os.environ.get('XLA_FLAGS', '')!r}, clock {args.clock}, "
+        f"jax {jax.__version__}\n")
   for s in chosen:
     globals()[f"section_{s}"](args)
   print(f"load at end {os.getloadavg()[0]:.2f}")

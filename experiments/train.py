@@ -84,6 +84,11 @@ def validate(config) -> None:
   if not isinstance(config.num_replicas, int) or config.num_replicas < 1:
     raise ConfigError(
         f"num_replicas must be an int >= 1, got {config.num_replicas!r}")
+  k = config.get("replica_batch_size")
+  if k is not None and (isinstance(k, bool) or not isinstance(k, int)
+                        or k < 1):
+    raise ConfigError(
+        f"replica_batch_size must be None or an int >= 1, got {k!r}")
   t = config.train
   for name in ("num_epochs", "log_every", "checkpoint_every",
                "keep_checkpoints"):

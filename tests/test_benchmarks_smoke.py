@@ -11,6 +11,7 @@ import dataclasses
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import time
@@ -462,6 +463,42 @@ def test_small_model_study_runs(capsys):
   assert "sorjax" in out and "replicas" in out
   assert "| (2, 3, 4) |" in out and "lstm paths" in out
   assert "lstm_layer layouts" in out
+  assert "2 replicas in lanes (benchmarks.replica_lanes)" in out
+
+
+def test_replica_lanes_equal_vmapped_lstm_layers():
+  """The lanes formulation computes what vmap of fused_lstm.lstm_layer
+  does: outputs and the gradients of every weight."""
+  from benchmarks import replica_lanes
+  from sorjax.cells.base import LSTMCarry
+  from sorjax.fused_lstm import lstm_layer
+  R, B, T, D, H = 3, 2, 7, 5, 4
+  k = jax.random.split(jax.random.key(0), 5)
+  p = (0.5 * jax.random.normal(k[0], (R, H, 4 * H)),
+       0.5 * jax.random.normal(k[1], (R, D, 4 * H)),
+       0.3 * jax.random.normal(k[2], (R, 4 * H)))
+  xs = jax.random.normal(k[3], (R, B, T, D))
+  G = jax.random.normal(k[4], (R, B, T, H))
+
+  def one(W_h, W_x, b, x):
+    z = jnp.zeros((B, H))
+    return jnp.swapaxes(lstm_layer(W_h, W_x, b, jnp.swapaxes(x, 0, 1),
+                                   LSTMCarry(z, z))[1], 0, 1)
+
+  def grads(f):  # of <f(W_h, W_x, b, xs), G> by the weights and xs
+    return jax.grad(lambda p, x: jnp.sum(f(*p, x) * G), (0, 1))(p, xs)
+
+  ref = jax.vmap(one)(*p, xs)
+  got = replica_lanes.lstm_replicas(*p, xs)
+  np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
+  g_ref, g_got = (jax.tree_util.tree_leaves(grads(f)) for f in (
+      jax.vmap(one), replica_lanes.lstm_replicas))
+  assert len(g_got) == 4
+  for a, b in zip(g_got, g_ref):
+    np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
+  with pytest.raises(ValueError, match=r"lstm_replicas: want W_h .* got W_h "
+                     r"\(3, 4, 16\), W_x \(3, 4, 16\)"):
+    replica_lanes.lstm_replicas(p[0], p[1][:, :4], p[2], xs)
 
 
 def test_small_model_study_compiles_small_loops_whole():
@@ -510,3 +547,23 @@ def test_thread_study_rejects_bad_flags(capsys):
     with pytest.raises(SystemExit):
       threads.main(argv)
     assert f"error: {flag}" in capsys.readouterr().err
+
+
+def test_replica_groups_study_runs(capsys):
+  """benchmarks.replica_groups times a paper config's training step at
+  each group size and marks the loop's default."""
+  from benchmarks import replica_groups
+  # as a paper run goes (optax's injected hyperparameters are not
+  # strict-promotion clean)
+  with jax.numpy_dtype_promotion("standard"):
+    replica_groups.main(["--replicas", "2", "--groups", "1,2", "--rounds",
+                         "1", "--min-seconds", "0", "lin_dyck:lstm,m4"])
+  out = capsys.readouterr().out
+  row = [l for l in out.splitlines() if l.startswith("| lin_dyck:lstm,m4")]
+  assert len(row) == 1
+  # B=10 H=12: 512 // 120 = 4, clipped to the 2 replicas
+  assert re.fullmatch(r"\| lin_dyck:lstm,m4 \| 10x\d+ \| 2 \| k=1 [\d.]+ ms, "
+                      r"k=2 \(rule\) [\d.]+ ms \|", row[0]), row[0]
+  with pytest.raises(SystemExit):
+    replica_groups.main(["--groups", "0,2"])
+  assert "--groups: want positive ints" in capsys.readouterr().err

@@ -39,7 +39,7 @@ OPTIONAL = {
     "model.use_D": bool, "model.use_E": bool, "model.general": bool,
     "model.candidate_activation": str, "model.num_cells": int,
     "model.learn_embedding": bool, "model.fused_grad": bool,
-    "model.unroll": int,
+    "model.unroll": int, "replica_batch_size": int,
 }
 
 

@@ -11,6 +11,9 @@ def base_config() -> ml_collections.ConfigDict:
   c.task = ""
   c.seed = 0
   c.num_replicas = 1
+  # replicas vmapped at a time (a loop over such groups when fewer than a
+  # device's replicas); None: the loop's rule (`loop.replica_batch_for`)
+  c.replica_batch_size = None
 
   c.optim = ml_collections.ConfigDict(dict(
       name="adam", learning_rate=1e-3, schedule="constant", warmup_steps=0,

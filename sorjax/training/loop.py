@@ -1,7 +1,10 @@
 """The training loop shared by every task.
 
 - replicas: `num_replicas` independent seeds (params, optimizer, RNG, carry)
-  trained by one compiled step, vmapped over a leading replica axis;
+  trained by one compiled step over a leading replica axis, vmapped
+  `replica_batch_size` at a time (a loop over such groups when fewer than
+  all; None: `replica_batch_for`, which vmaps small models together and
+  runs large ones one after another);
 - devices: with a number of replicas divisible by the local devices'
   count (> 1), the replica axis of the train state is sharded over them
   (each device trains its replicas on the whole batch: replicas are
@@ -57,6 +60,64 @@ def _to_dict(cfg) -> dict:
   return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
 
 
+# The default group of vmapped replicas: as many as keep rows * width (batch
+# rows times the cells' state width, summed over layers) within this many
+# elements, at least one. Whole training steps of the paper configs, 20
+# replicas, one device (BUILD_NOTES "Replicas vmapped in groups"): vmap of
+# all 20 was the fastest only for Lin et al.'s m = 4 (B=10 H=12: 8.9 ms,
+# 10.3 ms with 4 at a time); at m = 8 (H=24) 4 at a time took 40 ms and all
+# 20 59 ms, at Mahto et al.'s B=128 H=256 one at a time 3.7 s and all 20
+# 8.7 s, and Renganathan & Singh's B=512 ran fastest one or two at a time.
+REPLICA_GROUP_WIDTH = 512
+
+
+def replica_batch_for(replicas: int, rows: int | None,
+                      width: int | None) -> int:
+  """Replicas vmapped at a time by default: `REPLICA_GROUP_WIDTH` //
+  (rows * width) clipped to [1, replicas]; all of them when rows or width
+  is unknown."""
+  if not rows or not width:
+    return replicas
+  return max(1, min(replicas, REPLICA_GROUP_WIDTH // (rows * width)))
+
+
+def _rows(config) -> int | None:
+  """The training batch's rows (config.data.batch_size), if the config
+  has them."""
+  data = config.get("data")
+  rows = data.get("batch_size") if data is not None else None
+  return rows if isinstance(rows, int) and rows > 0 else None
+
+
+def _width(task) -> int | None:
+  """The summed state width of the task's cells (hidden_size, times
+  num_cells for the cell-mixture LSTMs); None for a task without cells."""
+  cells = getattr(task, "cells", None)
+  if not cells:
+    return None
+  return sum(c.hidden_size * getattr(c, "num_cells", 1) for c in cells)
+
+
+def map_replicas(f, tree, batch: int, shards: int = 1):
+  """f over the leading replica axis of `tree`'s leaves, `batch` replicas
+  at a time: `jax.vmap` when batch covers a shard's replicas, else
+  `jax.lax.map` (a loop over groups of `batch` vmapped replicas). With
+  shards > 1 the axis is split as [shards, R / shards]: vmap over the
+  shards (the devices' part of a replica-sharded state), then the same
+  choice over each shard's replicas."""
+  def local(t):
+    r = jax.tree_util.tree_leaves(t)[0].shape[0]
+    if batch >= r:
+      return jax.vmap(f)(t)
+    return jax.lax.map(f, t, batch_size=None if batch == 1 else batch)
+  if shards == 1:
+    return local(tree)
+  split = jax.tree_util.tree_map(
+      lambda a: a.reshape(shards, a.shape[0] // shards, *a.shape[1:]), tree)
+  return jax.tree_util.tree_map(lambda a: a.reshape(-1, *a.shape[2:]),
+                                jax.vmap(local)(split))
+
+
 def _tree_index(tree, r):
   return jax.tree_util.tree_map(lambda a: a[r], tree)
 
@@ -98,6 +159,14 @@ class Trainer:
     self.replica_parallel = n > 1 and self.R % n == 0
     self.state_sharding = NamedSharding(
         self.mesh, P("devices") if self.replica_parallel else P())
+    k = config.get("replica_batch_size")
+    local = self.R // n if self.replica_parallel else self.R
+    self.replica_batch = (replica_batch_for(local, _rows(config), _width(task))
+                          if k is None else int(k))
+    logging.info("%d replicas: %d vmapped at a time, %s", self.R,
+                 min(self.replica_batch, local),
+                 f"sharded over {n} devices" if self.replica_parallel else
+                 f"on {n} device(s)")
     self._step_fn = self._build_step()
 
   # ------------------------------------------------------------ state
@@ -157,11 +226,14 @@ class Trainer:
              keep(new_carry, carry), nonfinite | ~ok)
       return out, dict(metrics, loss=loss, grad_norm=gnorm)
 
+    n = len(self.devices) if self.replica_parallel else 1
+    k = self.replica_batch
+
     def step_fn(state: TrainState, batch, temperature):
       fields = (state.step, state.params, state.opt_state, state.rng,
                 state.carry, state.nonfinite)
-      out, metrics = jax.vmap(one, in_axes=(0, None, None))(
-          fields, batch, temperature)
+      out, metrics = map_replicas(lambda f: one(f, batch, temperature),
+                                  fields, k, n)
       return TrainState(*out), metrics
 
     return jax.jit(step_fn, donate_argnums=0)

@@ -2,6 +2,7 @@
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -56,6 +57,12 @@ def test_config_errors_stop_before_training(tmp_path):
   cfg.train.num_epochs = 0
   with pytest.raises(ConfigError, match="train.num_epochs"):
     train.train_and_evaluate(cfg, str(tmp_path))
+  for bad in (0, 1.5, True):
+    cfg = tiny_dyck.get_config()
+    cfg.replica_batch_size = bad
+    with pytest.raises(ConfigError, match=re.escape(
+        f"replica_batch_size must be None or an int >= 1, got {bad!r}")):
+      train.train_and_evaluate(cfg, str(tmp_path))
   assert not os.path.exists(tmp_path / "checkpoints")
   res = subprocess.run(main_cmd(tmp_path / "x", "--config.task=nope"),
                        cwd=ROOT, capture_output=True, text=True, timeout=300)

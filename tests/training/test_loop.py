@@ -7,10 +7,13 @@ import socket
 import subprocess
 import sys
 
+import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from sorjax.training.loop import NonFiniteLossError, Trainer
+from sorjax.training.loop import NonFiniteLossError, Trainer, map_replicas, \
+    replica_batch_for
 from sorjax.training.metrics import read_metrics
 from tests.training.toy_task import ToyTask, toy_config
 
@@ -42,6 +45,49 @@ def test_replicas_equal_separate_runs(tmp_path):
   np.testing.assert_allclose(both.params["w"][0], one.params["w"][0], rtol=1e-6)
   np.testing.assert_allclose(both.params["w"][1], two.params["w"][0], rtol=1e-6)
   assert not np.allclose(both.params["w"][0], both.params["w"][1])
+
+
+@pytest.mark.parametrize("R, batch, shards", [
+    (6, 1, 1), (6, 4, 1), (6, 6, 1), (6, 9, 1), (6, 2, 2), (6, 1, 3),
+    (6, 3, 2)])
+def test_map_replicas_equals_a_loop_over_replicas(R, batch, shards):
+  """Every grouping (vmap, a loop over groups with a remainder, split over
+  shards) gives each replica f of its own slice."""
+  k = jax.random.split(jax.random.key(0), 2)
+  tree = {"w": jax.random.normal(k[0], (R, 3, 4)),
+          "b": (jax.random.normal(k[1], (R, 4)), jnp.arange(R))}
+
+  def f(t):
+    y = jnp.tanh(jnp.ones((2, 3)) @ t["w"] + t["b"][0][None])
+    return y * t["b"][1].astype(y.dtype), {"sum": jnp.sum(y)}
+
+  got = map_replicas(f, tree, batch, shards)
+  for r in range(R):
+    want = f(jax.tree_util.tree_map(lambda a: a[r], tree))
+    for g, w in zip(jax.tree_util.tree_leaves(got),
+                    jax.tree_util.tree_leaves(want)):
+      assert g.shape[1:] == w.shape
+      np.testing.assert_allclose(g[r], w, rtol=1e-6, atol=1e-6)
+
+
+def test_replica_batch_for_keeps_groups_within_the_width():
+  assert replica_batch_for(20, 10, 12) == 4        # 512 // 120
+  assert replica_batch_for(20, 10, 24) == 2
+  assert replica_batch_for(20, 128, 256) == 1
+  assert replica_batch_for(3, 1, 8) == 3           # no more than there are
+  assert replica_batch_for(20, None, 12) == 20     # unknown: all vmapped
+  assert replica_batch_for(20, 10, None) == 20
+
+
+@pytest.mark.parametrize("k", [1, 2])
+def test_replica_groups_train_as_vmap_does(tmp_path, k):
+  """3 replicas one or two at a time (a loop over groups) end where all
+  three vmapped together do."""
+  together = run(tmp_path / "all", num_replicas=3, seed=2)
+  grouped = run(tmp_path / str(k), num_replicas=3, seed=2,
+                replica_batch_size=k)
+  np.testing.assert_allclose(grouped.params["w"], together.params["w"],
+                             rtol=1e-6)
 
 
 def test_rerun_resumes_to_the_same_parameters(tmp_path):
@@ -97,6 +143,35 @@ def test_replicas_over_four_devices_match_one(tmp_path):
   assert one[0] == 1 and four[:3] == [4, ["devices"], 4]
   np.testing.assert_allclose(four[3], one[3], rtol=1e-5)
   assert not np.allclose(four[3][0], four[3][1])    # distinct seeds
+
+
+def test_replica_groups_over_two_devices_match_one(tmp_path):
+  """4 replicas over 2 forced CPU devices, one at a time on each (a loop
+  inside each device's shard), end as 4 vmapped on one device."""
+  one = _trained_on(tmp_path / "a", 1, ", num_replicas=4, seed=5")
+  two = _trained_on(tmp_path / "b", 2, ", num_replicas=4, seed=5, "
+                    "replica_batch_size=1")
+  assert two[:3] == [2, ["devices"], 2]
+  np.testing.assert_allclose(two[3], one[3], rtol=1e-5)
+  # and each device keeps to its shard: the compiled step communicates not
+  code = (
+      "import sys, re, tempfile; sys.path.insert(0, %r);"
+      "import numpy as np;"
+      "from tests.training.toy_task import ToyTask, toy_config;"
+      "from sorjax.training.loop import Trainer;"
+      "c = toy_config(); c.num_replicas = 4; c.replica_batch_size = 1;"
+      "task = ToyTask(); tr = Trainer(task, c, tempfile.mkdtemp());"
+      "st = tr._place_state(tr.init_state());"
+      "b = tr._shard_batch(next(iter(task.train_batches(0, None)))[0]);"
+      "hlo = tr._step_fn.lower(st, b, np.float32(1)).compile().as_text();"
+      "print(tr.replica_parallel, tr.replica_batch, re.findall("
+      "r'all-gather|all-reduce|collective-permute|all-to-all|"
+      "reduce-scatter', hlo))" % ROOT)
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  res = subprocess.run([sys.executable, "-c", code], env=env,
+                       capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert res.stdout.strip().splitlines()[-1] == "True 1 []"
 
 
 def test_a_multi_process_run_is_refused(tmp_path):

@@ -1,0 +1,116 @@
+"""How many replicas to vmap at a time: the training loop's whole step of
+paper configs, timed at several `replica_batch_size` values (the
+measurements behind `sorjax.training.loop.replica_batch_for`).
+
+    python -m benchmarks.replica_groups [--replicas 20] [--groups 1,2,4,10,20]
+        [--rounds 3] [--min-seconds 1] [--cpu-devices N]
+        [CONFIG:STRING ...]   (default: the Dyck configs below)
+
+Each config's task and `Trainer` are built as `experiments.main` builds
+them (num_replicas = --replicas, no files written but a scratch work
+directory); the step is timed on the training batch with the longest
+sequences among the first 60, in rotating rounds (wall clock, medians).
+"rule" marks the group size the loop picks by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import itertools
+import os
+import statistics
+import tempfile
+import time
+
+CONFIGS = ("lin_dyck:lstm,m4", "lin_dyck:lstm,m8", "lin_dyck:attention,m8",
+           "mahto_dyck:baseline", "renganathan_dyck:m8")
+
+
+def longest_batch(task, n: int = 60):
+  """The batch with the most time steps among the first n of epoch 0 (the
+  first one for batches without `inputs`)."""
+  batches = [b for b, _ in itertools.islice(task.train_batches(0, None), n)]
+  if "inputs" not in batches[0]:
+    return batches[0]
+  return max(batches, key=lambda b: b["inputs"].shape[1])
+
+
+def time_config(spec: str, replicas: int, groups, rounds: int,
+                min_s: float) -> str:
+  """One line: the step's median time at each group size."""
+  import jax
+  import numpy as np
+  from sorjax.training.loop import Trainer
+  from sorjax.training.tasks import make_task
+  name, _, string = spec.partition(":")
+  module = importlib.import_module(f"experiments.configs.{name}")
+  cfg = module.get_config(string) if string else module.get_config()
+  cfg.num_replicas = replicas
+  cfg.train.tensorboard = False
+  task = make_task(cfg)
+  trainer = Trainer(task, cfg, tempfile.mkdtemp(prefix="sorjax-groups-"))
+  rule = trainer.replica_batch
+  state0 = trainer._place_state(trainer.init_state())
+  batch = longest_batch(task)
+  placed = trainer._shard_batch(batch)
+  temperature = np.float32(1.0)
+  steps, states = {}, {}
+  for k in groups:
+    trainer.replica_batch = k
+    steps[k] = trainer._build_step()
+    state = jax.tree_util.tree_map(lambda a: a.copy(), state0)
+    states[k] = jax.block_until_ready(steps[k](state, placed,
+                                               temperature)[0])
+  times = {k: [] for k in groups}
+  for r in range(rounds):
+    order = list(groups[r % len(groups):]) + list(groups[:r % len(groups)])
+    for k in order:
+      t0, n = time.perf_counter(), 0
+      while n == 0 or time.perf_counter() - t0 < min_s:
+        states[k] = jax.block_until_ready(
+            steps[k](states[k], placed, temperature)[0])
+        n += 1
+      times[k].append((time.perf_counter() - t0) / n)
+  shape = "x".join(str(d) for d in np.shape(next(iter(batch.values()))))
+  cells = ", ".join(f"k={k}{' (rule)' if k == min(rule, replicas) else ''}"
+                    f" {1e3 * statistics.median(v):.1f} ms"
+                    for k, v in times.items())
+  return f"| {spec} | {shape} | {rule} | {cells} |"
+
+
+def main(argv=None):
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("configs", nargs="*", default=list(CONFIGS))
+  ap.add_argument("--replicas", type=int, default=20)
+  ap.add_argument("--groups", default="1,2,4,10,20")
+  ap.add_argument("--rounds", type=int, default=3)
+  ap.add_argument("--min-seconds", type=float, default=1.0)
+  ap.add_argument("--cpu-devices", type=int, default=None,
+                  help="force this many CPU devices (the replicas sharded "
+                  "over them when they divide evenly)")
+  args = ap.parse_args(argv)
+  try:
+    groups = [int(v) for v in args.groups.split(",")]
+    assert groups and min(groups) >= 1
+  except (ValueError, AssertionError):
+    ap.error(f"--groups: want positive ints joined by ',', got "
+             f"{args.groups!r}")
+  if args.replicas < 1:
+    ap.error(f"--replicas: want an int >= 1, got {args.replicas}")
+  if args.cpu_devices is not None:
+    from experiments.train import force_cpu_devices
+    force_cpu_devices(args.cpu_devices)
+  import jax
+  print(f"# Replicas vmapped in groups: {time.strftime('%Y-%m-%d %H:%M')} "
+        f"UTC, {args.replicas} replicas, {jax.device_count()} device(s), "
+        f"load {os.getloadavg()[0]:.2f}, jax {jax.__version__}\n")
+  print("| config | batch | rule | step time by replicas vmapped at a time "
+        "(k) |\n|---|---|---|---|", flush=True)
+  for spec in args.configs:
+    print(time_config(spec, args.replicas, groups, args.rounds,
+                      args.min_seconds), flush=True)
+
+
+if __name__ == "__main__":
+  main()
