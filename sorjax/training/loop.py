@@ -63,11 +63,12 @@ def _to_dict(cfg) -> dict:
 # The default group of vmapped replicas: as many as keep rows * width (batch
 # rows times the cells' state width, summed over layers) within this many
 # elements, at least one. Whole training steps of the paper configs, 20
-# replicas, one device (BUILD_NOTES "Replicas vmapped in groups"): vmap of
-# all 20 was the fastest only for Lin et al.'s m = 4 (B=10 H=12: 8.9 ms,
-# 10.3 ms with 4 at a time); at m = 8 (H=24) 4 at a time took 40 ms and all
-# 20 59 ms, at Mahto et al.'s B=128 H=256 one at a time 3.7 s and all 20
-# 8.7 s, and Renganathan & Singh's B=512 ran fastest one or two at a time.
+# replicas, one device (`benchmarks.replica_groups`, run RG1 in
+# benchmarks/RESULTS.md): vmap of all 20 was the fastest only for Lin et
+# al.'s m = 4 (B=10 H=12: 8.9 ms, 10.2 ms 4 at a time); at m = 8 (H=24)
+# 2 at a time took 36 ms and all 20 64 ms, at Mahto et al.'s B=128 H=256
+# one at a time 3.6 s and all 20 8.6 s, and Renganathan & Singh's B=512
+# Dyck-RNN 303 ms one at a time and 585 ms all 20.
 REPLICA_GROUP_WIDTH = 512
 
 
