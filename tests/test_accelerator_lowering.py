@@ -108,16 +108,19 @@ def test_bfloat16_lowers(name):
       jnp.dtype(jnp.bfloat16)}
 
 
-def sharded_step_export(workdir: str, replicas: int = 2) -> dict:
+def sharded_step_export(workdir: str, replicas: int = 2,
+                        group: int | None = None) -> dict:
   """In a process with 4 devices: lowers the loop's train step of
   tests/experiments/tiny_dyck.py with the shardings the loop gives it
   (2 replicas: the batch axis over the devices, the state replicated;
-  4 replicas: the state's replica axis over the devices, the batch
-  replicated); reports what the export recorded."""
+  4 or 8 replicas: the state's replica axis over the devices, the batch
+  replicated; `group`: config.replica_batch_size); reports what the
+  export recorded."""
   from sorjax.training.loop import Trainer
   from sorjax.training.tasks import make_task
   cfg = tiny_dyck.get_config()
   cfg.num_replicas = replicas
+  cfg.replica_batch_size = group
   task = make_task(cfg)
   trainer = Trainer(task, cfg, workdir)
   state, batch, temperature = train_step_args(task, trainer, sharded=True)
@@ -131,19 +134,20 @@ def sharded_step_export(workdir: str, replicas: int = 2) -> dict:
           "batch": dict(zip(sorted(batch), map(str, specs[n_state:-1])))}
 
 
-@pytest.mark.parametrize("replicas, state, batch", [
-    (2, "()", "('devices',)"),     # data parallel
-    (4, "('devices',)", "()"),     # one replica per device
+@pytest.mark.parametrize("replicas, group, state, batch", [
+    (2, None, "()", "('devices',)"),     # data parallel
+    (4, None, "('devices',)", "()"),     # one replica per device
+    (8, 1, "('devices',)", "()"),        # two a device, one at a time
 ])
 def test_the_sharded_step_lowers_for_four_accelerators(tmp_path, replicas,
-                                                       state, batch):
+                                                       group, state, batch):
   env = dict(os.environ,
              XLA_FLAGS="--xla_force_host_platform_device_count=4")
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   code = ("import json, sys; sys.path.insert(0, %r); from "
           "tests.test_accelerator_lowering import sharded_step_export; "
-          "print(json.dumps(sharded_step_export(%r, %d)))"
-          % (root, str(tmp_path), replicas))
+          "print(json.dumps(sharded_step_export(%r, %d, %r)))"
+          % (root, str(tmp_path), replicas, group))
   res = subprocess.run([sys.executable, "-c", code], env=env,
                        capture_output=True, text=True, timeout=300)
   assert res.returncode == 0, res.stderr[-3000:]
