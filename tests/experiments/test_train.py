@@ -226,3 +226,21 @@ def test_host_malloc_modes_train_the_same_parameters(tmp_path):
     b = sorjax.restore(str(tmp_path / mode), "latest")
     assert a.step == b.step
     jax.tree_util.tree_map(np.testing.assert_array_equal, a.params, b.params)
+
+
+@pytest.mark.parametrize("cell", ["mrnn", "lstm"])
+def test_replica_groups_train_a_dyck_model_as_vmap_does(tmp_path, cell):
+  """The fused layers under the loop's lax.map over replica groups: 3
+  replicas one at a time end with the parameters of 3 vmapped together."""
+  params = {}
+  for k in (1, 3):
+    cfg = tiny_dyck.get_config()
+    cfg.model.cell = cell
+    if cell == "lstm":
+      cfg.model.intermediate_size = None
+    cfg.num_replicas, cfg.replica_batch_size = 3, k
+    cfg.train.num_epochs, cfg.train.max_steps = 1, 6
+    state = train.train_and_evaluate(cfg, str(tmp_path / str(k)))
+    params[k] = jax.tree_util.tree_leaves(state.params)
+  for a, b in zip(params[1], params[3]):
+    np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
