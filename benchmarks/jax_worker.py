@@ -23,6 +23,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import sorjax
 from sorjax import cells, small_loops
+from sorjax.training import loop
 from benchmarks import naive, specs, worker
 
 # Whether this worker compiles small loops whole (set before any compile).
@@ -116,12 +117,19 @@ def sorjax_case(spec: dict) -> JaxCase:
   else:
     step, init, stateful = grad, (lambda k: cell.init(k, D)), False
 
+  info = {"tokens_per_step": max(R, 1) * B * T}
   if R:
     state = jax.vmap(init)(jax.random.split(k0, R))
     xs, G = _data(k1, B, T, D, cell.hidden_size, lead=(R,))
     aux = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (R,) + a.shape),
                                  aux)
-    step = jax.vmap(step)
+    if spec.get("replica_batch") == "rule":  # as the training loop runs them
+      k = loop.replica_batch_for(R, B, cell.hidden_size)
+      info["replica_batch"] = k
+      one_step = step
+      step = lambda *a: loop.map_replicas(lambda t: one_step(*t), a, k)  # noqa: E731
+    else:
+      step = jax.vmap(step)
   else:
     state = init(k0)
     xs, G = _data(k1, B, T, D, cell.hidden_size)
@@ -133,8 +141,7 @@ def sorjax_case(spec: dict) -> JaxCase:
                        "devices")
     mesh = Mesh(np.array(jax.devices()), ("replica",))
     args = jax.device_put(args, NamedSharding(mesh, P("replica")))
-  return JaxCase(step, args, {"tokens_per_step": max(R, 1) * B * T},
-                 stateful)
+  return JaxCase(step, args, info, stateful)
 
 
 def naive_case(spec: dict) -> JaxCase:

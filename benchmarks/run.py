@@ -157,7 +157,7 @@ PROFILES = {
         fused_shapes=((2, 5, 8),),
         unroll_shapes=(((2, 5, 8), ("lstm",)),), unroll_factors=(1, 2),
         dyck_variants=({}, {"small_loops": True}), replica_unrolls=(None,),
-        replica_devices=(3,), replica_paper_shapes=((2, 5, 8),),
+        replica_devices=(3,), replica_paper_shapes=((8, 5, 32),),
         tree=dict(B=2, H=8, min_leaves=3, max_leaves=6),
         rounds=2, warmup_rounds=1, min_round_s=0.0, matmul_n=64,
         naive_max_step_s=0.0, timeout_s=300.0),
@@ -766,7 +766,7 @@ def section_dyck(b: Bench, rep: Report):
              f_x(trs[0]) + (f" ({'; '.join(rest)})" if rest else ""))
   for shape in b.profile.replica_paper_shapes:  # no target: a record
     _, speedups = replica_table(
-        b, rep, shape, R, (None,),
+        b, rep, shape, R, (None,), loop_groups=True,
         title=f"at Mahto et al.'s batch and width ({_shape(shape)})")
     for n, x in zip(replica_device_counts(b, R), speedups):
       rep.add(f"Sharded over {n} CPU devices, the {R} replicas ran "
@@ -779,10 +779,12 @@ def replica_device_counts(b: Bench, R: int) -> list[int]:
 
 
 def replica_table(b: Bench, rep: Report, shape, R: int, unrolls,
-                  title: str = "") -> list:
+                  title: str = "", loop_groups: bool = False) -> list:
   """One Adam step of R models at once (vmap) against one model, for each
   unroll factor; then the R models sharded over n CPU devices (R / n each,
-  as the training loop shards them), against one model in that process.
+  as the training loop shards them), against one model in that process;
+  with loop_groups, last, the R models in the training loop's groups
+  (`loop.replica_batch_for`) on one device.
   Adds the table. Returns each pair's time ratio (None where unmeasured),
   the unroll pairs first, and the rate of the R replicas on each device
   count over their rate with the first unroll factor on one device."""
@@ -793,16 +795,23 @@ def replica_table(b: Bench, rep: Report, shape, R: int, unrolls,
   pairs += [(sorjax("lstm", B, T, H, optimizer="adam", devices=n),
              sorjax("lstm", B, T, H, optimizer="adam", replicas=R, devices=n))
             for n in replica_device_counts(b, R)]
-  cs = [c for p in pairs for c in p]
+  n_dev = len(pairs) - len(unrolls)
+  if loop_groups:
+    pairs.append((pairs[0][0], sorjax("lstm", B, T, H, optimizer="adam",
+                                      replicas=R, replica_batch="rule")))
+  cs = list({id(c): c for p in pairs for c in p}.values())  # each once
   g = b.group(cs, roofline=False)
 
   def time_ratio(x, y):  # step time of y over x's: R tokens per token of x
     r = g.ratio(x, y)
     return None if r is None else r * R
 
-  rows = []
+  rows, seen = [], []
   for single, vm in pairs:
     for c in (single, vm):
+      if any(c is x for x in seen):  # the groups' pair reuses one model
+        continue
+      seen.append(c)
       step_ms = (None if c.rate is None else
                  1e3 * c.info["tokens_per_step"] / c.rate)
       rows.append([c.label, f_rate(c),
@@ -814,11 +823,23 @@ def replica_table(b: Bench, rep: Report, shape, R: int, unrolls,
           "A row with n devices ran in a process with n CPU devices "
           "(`XLA_FLAGS=--xla_force_host_platform_device_count=n`); its "
           "replicas' axis is sharded over them, and its single model ran in "
-          "that process too.\n\n" + table(
+          "that process too." + groups_text(pairs[-1][1] if loop_groups
+                                            else None) + "\n\n" + table(
       ["step", "tokens/s (all replicas)", "ms/step", "time vs one model",
        "peak memory"], rows) + _errs(cs))
   return ([time_ratio(*p) for p in pairs],
-          [g.ratio(vm, pairs[0][1]) for _, vm in pairs[len(unrolls):]])
+          [g.ratio(vm, pairs[0][1])
+           for _, vm in pairs[len(unrolls):len(unrolls) + n_dev]])
+
+
+def groups_text(c: Contender | None) -> str:
+  """What the training loop's groups row ran (k from its worker)."""
+  if c is None:
+    return ""
+  k = c.info.get("replica_batch", "?")
+  return (f" The row of the training loop's groups vmaps {k} replicas at a "
+          "time, a `lax.map` over the groups (`loop.replica_batch_for`, as "
+          "the loop picks it for this batch and width).")
 
 
 def section_scaling(b: Bench, rep: Report):

@@ -81,7 +81,9 @@ def label(spec: dict) -> str:
     if k in spec and spec[k] != default:
       opts.append(f"{k}={spec[k]}")
   if spec.get("replicas"):
-    opts.append(f"x{spec['replicas']} replicas (vmap)")
+    opts.append(f"x{spec['replicas']} replicas " + (
+        "(the training loop's groups)" if spec.get("replica_batch") == "rule"
+        else "(vmap)"))
   if spec.get("optimizer"):
     opts.append(f"+{spec['optimizer']}")
   if spec.get("small_loops"):

@@ -379,11 +379,18 @@ def test_smoke_run_jax_only(tmp_path):
   assert sharded["info"]["devices"] == 3
   assert "over 3 CPU devices: " in text
   # the replicas at a paper's batch and width, on one and on 3 devices
-  assert "at Mahto et al.'s batch and width (B=2 T=5 H=8)" in text
+  assert "at Mahto et al.'s batch and width (B=8 T=5 H=32)" in text
   one = paper["sorjax lstm [x3 replicas (vmap), +adam]"]
   three = paper["sorjax lstm [x3 replicas (vmap), +adam, 3 devices]"]
-  assert one["info"]["tokens_per_step"] == 3 * 2 * 5
+  assert one["info"]["tokens_per_step"] == 3 * 8 * 5
   assert three["info"]["devices"] == 3 and three["error"] is None
+  # and as the training loop groups them: B=8 H=32 gives 512 // 256 = 2
+  # at a time (a lax.map over a group of 2 and the 1 left)
+  groups = paper["sorjax lstm [x3 replicas (the training loop's groups), "
+                 "+adam]"]
+  assert groups["error"] is None and groups["info"]["replica_batch"] == 2
+  assert all(r > 0 for r in groups["rates"])
+  assert "vmaps 2 replicas at a time" in text
   speedup = np.median(np.array(three["rates"]) / np.array(one["rates"]))
   assert f"Sharded over 3 CPU devices, the 3 replicas ran {speedup:.2f}x " \
       "as fast as on one device." in text
