@@ -837,9 +837,10 @@ def groups_text(c: Contender | None) -> str:
   if c is None:
     return ""
   k = c.info.get("replica_batch", "?")
-  return (f" The row of the training loop's groups vmaps {k} replicas at a "
-          "time, a `lax.map` over the groups (`loop.replica_batch_for`, as "
-          "the loop picks it for this batch and width).")
+  return (f" The row of the training loop's groups vmaps {k} "
+          f"replica{'' if k == 1 else 's'} at a time, a `lax.map` over the "
+          "groups (`loop.replica_batch_for`, as the loop picks it for this "
+          "batch and width).")
 
 
 def section_scaling(b: Bench, rep: Report):
