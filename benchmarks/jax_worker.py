@@ -123,6 +123,9 @@ def sorjax_case(spec: dict) -> JaxCase:
     xs, G = _data(k1, B, T, D, cell.hidden_size, lead=(R,))
     aux = jax.tree_util.tree_map(lambda a: jnp.broadcast_to(a, (R,) + a.shape),
                                  aux)
+    if spec.get("replica_batch") not in (None, "rule"):
+      raise ValueError(f"jax_worker: replica_batch must be None or 'rule', "
+                       f"got {spec['replica_batch']!r}")
     if spec.get("replica_batch") == "rule":  # as the training loop runs them
       k = loop.replica_batch_for(R, B, cell.hidden_size)
       info["replica_batch"] = k

@@ -309,6 +309,10 @@ def test_a_spec_for_the_other_kind_of_jax_worker_is_refused():
   with pytest.raises(ValueError, match=f"spec devices={n + 1} sent to a "
                      f"worker with {n} devices"):
     jax_worker.make_case(spec)
+  spec = run.sorjax("lstm", 2, 3, 4, replicas=2, replica_batch=2).spec
+  with pytest.raises(ValueError, match="replica_batch must be None or "
+                     "'rule', got 2"):
+    jax_worker.make_case(spec)
 
 
 # ------------------------------------------------------------------ end to end
