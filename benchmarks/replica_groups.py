@@ -9,7 +9,9 @@ measurements behind `sorjax.training.loop.replica_batch_for`).
 Each config's task and `Trainer` are built as `experiments.main` builds
 them (num_replicas = --replicas, no files written but a scratch work
 directory); the step is timed on the training batch with the longest
-sequences among the first 60, in rotating rounds (wall clock, medians).
+sequences among the first 60, in rotating rounds of at least
+--min-seconds each (`benchmarks.small_model.rounds`; wall clock,
+medians).
 "rule" marks the group size the loop picks by default.
 """
 
@@ -36,11 +38,32 @@ def longest_batch(task, n: int = 60):
   return max(batches, key=lambda b: b["inputs"].shape[1])
 
 
+class GroupStep:
+  """The Trainer's step at one group size, timed by wall clock with its
+  state fed back (a case of `benchmarks.small_model.rounds`)."""
+
+  def __init__(self, trainer, k: int, state, batch, temperature):
+    import jax
+    self.label, self.temperature, self.batch = k, temperature, batch
+    trainer.replica_batch = k
+    self.fn = trainer._build_step()
+    self.state = jax.tree_util.tree_map(lambda a: a.copy(), state)
+    self.time(1)                                      # compile
+
+  def time(self, n: int) -> float:
+    import jax
+    t0 = time.perf_counter()
+    for _ in range(n):
+      self.state = jax.block_until_ready(
+          self.fn(self.state, self.batch, self.temperature)[0])
+    return time.perf_counter() - t0
+
+
 def time_config(spec: str, replicas: int, groups, rounds: int,
                 min_s: float) -> str:
   """One line: the step's median time at each group size."""
-  import jax
   import numpy as np
+  from benchmarks.small_model import rounds as timed_rounds
   from sorjax.training.loop import Trainer
   from sorjax.training.tasks import make_task
   name, _, string = spec.partition(":")
@@ -51,31 +74,15 @@ def time_config(spec: str, replicas: int, groups, rounds: int,
   task = make_task(cfg)
   trainer = Trainer(task, cfg, tempfile.mkdtemp(prefix="sorjax-groups-"))
   rule = trainer.replica_batch
-  state0 = trainer._place_state(trainer.init_state())
+  state = trainer._place_state(trainer.init_state())
   batch = longest_batch(task)
-  placed = trainer._shard_batch(batch)
-  temperature = np.float32(1.0)
-  steps, states = {}, {}
-  for k in groups:
-    trainer.replica_batch = k
-    steps[k] = trainer._build_step()
-    state = jax.tree_util.tree_map(lambda a: a.copy(), state0)
-    states[k] = jax.block_until_ready(steps[k](state, placed,
-                                               temperature)[0])
-  times = {k: [] for k in groups}
-  for r in range(rounds):
-    order = list(groups[r % len(groups):]) + list(groups[:r % len(groups)])
-    for k in order:
-      t0, n = time.perf_counter(), 0
-      while n == 0 or time.perf_counter() - t0 < min_s:
-        states[k] = jax.block_until_ready(
-            steps[k](states[k], placed, temperature)[0])
-        n += 1
-      times[k].append((time.perf_counter() - t0) / n)
+  steps = [GroupStep(trainer, k, state, trainer._shard_batch(batch),
+                     np.float32(1.0)) for k in groups]
+  times = timed_rounds(steps, rounds, min_s)
   shape = "x".join(str(d) for d in np.shape(next(iter(batch.values()))))
   cells = ", ".join(f"k={k}{' (rule)' if k == min(rule, replicas) else ''}"
-                    f" {1e3 * statistics.median(v):.1f} ms"
-                    for k, v in times.items())
+                    f" {1e3 * statistics.median(times[k]):.1f} ms"
+                    for k in groups)
   return f"| {spec} | {shape} | {rule} | {cells} |"
 
 

@@ -116,7 +116,8 @@ class TorchLSTM:
 
 
 def rounds(cases, n_rounds, min_s):
-  """Per-step CPU seconds of each case, per round, order rotating."""
+  """Per-step seconds of each case (by its own clock: CPU time unless it
+  says otherwise), per round, order rotating."""
   reps = {}
   for c in cases:  # calibrate: enough steps for min_s
     n = 1
