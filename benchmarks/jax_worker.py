@@ -127,7 +127,7 @@ def sorjax_case(spec: dict) -> JaxCase:
       raise ValueError(f"jax_worker: replica_batch must be None or 'rule', "
                        f"got {spec['replica_batch']!r}")
     if spec.get("replica_batch") == "rule":  # as the training loop runs them
-      k = loop.replica_batch_for(R, B, cell.hidden_size)
+      k = loop.replica_batch_for(R, B, loop.replica_width((cell,)))
       info["replica_batch"] = k
       one_step = step
       step = lambda *a: loop.map_replicas(lambda t: one_step(*t), a, k)  # noqa: E731

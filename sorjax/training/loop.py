@@ -90,10 +90,10 @@ def _rows(config) -> int | None:
   return rows if isinstance(rows, int) and rows > 0 else None
 
 
-def _width(task) -> int | None:
-  """The summed state width of the task's cells (hidden_size, times
-  num_cells for the cell-mixture LSTMs); None for a task without cells."""
-  cells = getattr(task, "cells", None)
+def replica_width(cells) -> int | None:
+  """The summed state width of a model's cells (hidden_size, times
+  num_cells for the cell-mixture LSTMs), the width `replica_batch_for`
+  reads; None without cells (a task that has none, e.g. the tree tasks)."""
   if not cells:
     return None
   return sum(c.hidden_size * getattr(c, "num_cells", 1) for c in cells)
@@ -160,10 +160,14 @@ class Trainer:
     self.replica_parallel = n > 1 and self.R % n == 0
     self.state_sharding = NamedSharding(
         self.mesh, P("devices") if self.replica_parallel else P())
+    # The replica axis's shards (one a device when replica-parallel).
+    self.replica_shards = n if self.replica_parallel else 1
     k = config.get("replica_batch_size")
-    local = self.R // n if self.replica_parallel else self.R
-    self.replica_batch = (replica_batch_for(local, _rows(config), _width(task))
-                          if k is None else int(k))
+    local = self.R // self.replica_shards
+    self.replica_batch = (
+        replica_batch_for(local, _rows(config),
+                          replica_width(getattr(task, "cells", None)))
+        if k is None else int(k))
     logging.info("%d replicas: %d vmapped at a time, %s", self.R,
                  min(self.replica_batch, local),
                  f"sharded over {n} devices" if self.replica_parallel else
@@ -227,8 +231,7 @@ class Trainer:
              keep(new_carry, carry), nonfinite | ~ok)
       return out, dict(metrics, loss=loss, grad_norm=gnorm)
 
-    n = len(self.devices) if self.replica_parallel else 1
-    k = self.replica_batch
+    n, k = self.replica_shards, self.replica_batch
 
     def step_fn(state: TrainState, batch, temperature):
       fields = (state.step, state.params, state.opt_state, state.rng,

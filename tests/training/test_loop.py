@@ -12,8 +12,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
+from sorjax import cells
 from sorjax.training.loop import NonFiniteLossError, Trainer, map_replicas, \
-    replica_batch_for
+    replica_batch_for, replica_width
 from sorjax.training.metrics import read_metrics
 from tests.training.toy_task import ToyTask, toy_config
 
@@ -77,6 +78,15 @@ def test_replica_batch_for_keeps_groups_within_the_width():
   assert replica_batch_for(3, 1, 8) == 3           # no more than there are
   assert replica_batch_for(20, None, 12) == 20     # unknown: all vmapped
   assert replica_batch_for(20, 10, None) == 20
+
+
+def test_replica_width_sums_the_cells_state_widths():
+  lstm = cells.make("lstm", hidden_size=12)
+  mix = cells.make("attention_lstm", hidden_size=24, num_cells=2)
+  assert replica_width((lstm,)) == 12
+  assert replica_width((mix,)) == 48                # 2 cells of 24
+  assert replica_width((lstm, mix)) == 60           # layers add up
+  assert replica_width(()) is None and replica_width(None) is None
 
 
 @pytest.mark.parametrize("k", [1, 2])
