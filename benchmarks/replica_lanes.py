@@ -25,18 +25,18 @@ from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sorjax import rational_tanh
+from sorjax.fused_lstm import activation_consts
 from sorjax.layer_scan import previous_steps, scan_overwrite, scan_prefetch
 
 
 def _consts(H: int):
-  """(s, delta) per gate row: A = s tanh(s z) + delta is [sigma(i),
-  sigma(f), tanh(g), sigma(o)] (`fused_lstm.activation_consts`)."""
-  s = np.repeat(np.array([0.5, 0.5, 1.0, 0.5], np.float32), H)[:, None]
-  d = np.repeat(np.array([0.5, 0.5, 0.0, 0.5], np.float32), H)[:, None]
-  return jnp.asarray(s), jnp.asarray(d)
+  """(s, delta) per gate row, [4H, 1]: A = s tanh(s z) + delta is
+  [sigma(i), sigma(f), tanh(g), sigma(o)] (`fused_lstm.activation_consts`
+  in its gate-major layout, forget bias 0, whose gamma is then 0)."""
+  s, _, delta = activation_consts(H, 0.0, jnp.float32, tr=True)
+  return s, delta
 
 
 def _rows(W, v):
