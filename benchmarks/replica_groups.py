@@ -76,8 +76,9 @@ def time_config(spec: str, replicas: int, groups, rounds: int,
   rule = trainer.replica_batch
   state = trainer._place_state(trainer.init_state())
   batch = longest_batch(task)
-  steps = [GroupStep(trainer, k, state, trainer._shard_batch(batch),
-                     np.float32(1.0)) for k in groups]
+  placed = trainer._shard_batch(batch)                # once for every k
+  steps = [GroupStep(trainer, k, state, placed, np.float32(1.0))
+           for k in groups]
   times = timed_rounds(steps, rounds, min_s)
   shape = "x".join(str(d) for d in np.shape(next(iter(batch.values()))))
   cells = ", ".join(f"k={k}{' (rule)' if k == min(rule, replicas) else ''}"
