@@ -492,6 +492,7 @@ class Group:
     return {"roofline_gflops": self.roof_gflops(),
             "contenders": [dict(label=c.label, spec=c.spec, rates=c.rates,
                                 cores=c.cores, info=c.info, error=c.error,
+                                flops_per_token=c.flops_per_token,
                                 fraction=self.fraction(c))
                            for c in self.contenders]}
 
@@ -621,15 +622,20 @@ def _needs(g: "Group", ours: Contender, peer: Contender, x: float) -> str:
 
 def section_gemm(b: Bench, rep: Report):
   rep.add("## The per-step GEMM ceiling\n\nA recurrent step multiplies "
-          "[B, H] by [H, 4H], T times in sequence. Timed alone (forward "
+          "[B, H] by [H, N], T times in sequence: N = 4H in the LSTM (and "
+          "mlstm's m_t W_m, mm_rnn's h [W | P_h]), N = H in rnn, mi_rnn, "
+          "mrnn, general2 and mlstm's h_{t-1} W_mh. Timed alone (forward "
           "only, the product feeding the next step), in XLA and in torch, "
           "next to the LSTMs (fwd + bwd): an LSTM step can be no faster "
           "than its framework's per-step product, except where the "
-          "framework keeps the weights packed across steps.")
+          "framework keeps the weights packed across steps, and a cell "
+          "whose steps multiply by [H, H] runs its per-step FLOPs at no "
+          "more than the N = H row's fraction of the roofline.")
   for (B, T, H) in b.profile.lstm_shapes:
-    mms = [Contender(f"stepmm-{fw}", dict(impl="stepmm", framework=fw, B=B,
-                                          T=T, H=H), fw, 2 * H * 4 * H)
-           for fw in ("jax", "torch")]
+    mms = [Contender(f"stepmm-{fw}" + ("" if N == 4 * H else f"-n{N}"),
+                     dict(impl="stepmm", framework=fw, B=B, T=T, H=H, N=N),
+                     fw, 2 * H * N)
+           for N in (4 * H, H) for fw in ("jax", "torch")]
     cs = mms + [lstm_peer("torch_lstm", B, T, H, "torch"),
                 sorjax("lstm", B, T, H)]
     g = b.group(cs)

@@ -76,6 +76,8 @@ def label(spec: dict) -> str:
   hp = spec.get("hparams") or {}
   if hp.get("mix") == "gates":
     opts.append("mix=gates")
+  if impl == "stepmm" and spec.get("N", 4 * spec["H"]) != 4 * spec["H"]:
+    opts.append(f"N = {spec['N']}")
   for k, default in (("hoist", True), ("remat", False), ("unroll", None),
                      ("fused_grad", None)):
     if k in spec and spec[k] != default:

@@ -400,6 +400,25 @@ def test_smoke_run_jax_only(tmp_path):
       "as fast as on one device." in text
 
 
+def test_smoke_run_gemm_times_both_per_step_products(tmp_path):
+  """The gemm section times [B, H] x [H, 4H] and [B, H] x [H, H] chains,
+  each against its own FLOPs (2 H N a token), beside the LSTMs."""
+  out, raw = tmp_path / "r.md", tmp_path / "r.json"
+  assert run.main(["--smoke", "--no-torch", "--sections", "gemm",
+                   "--out", str(out), "--json", str(raw)]) == 0
+  (gemm,) = _groups(raw)
+  H = 8  # the smoke profile's shape, (2, 5, 8)
+  for label, N in (("XLA per-step h @ W_h (fwd)", 4 * H),
+                   (f"XLA per-step h @ W_h (fwd) [N = {H}]", H)):
+    c = gemm[label]
+    assert c["error"] is None and all(r > 0 for r in c["rates"])
+    assert c["spec"]["N"] == N and c["flops_per_token"] == 2 * H * N
+  assert gemm["sorjax lstm"]["error"] is None
+  text = out.read_text()
+  assert "## The per-step GEMM ceiling" in text
+  assert f"| XLA per-step h @ W_h (fwd) [N = {H}] |" in text
+
+
 def test_smoke_run_fused_and_remat(tmp_path):
   out, raw = tmp_path / "r.md", tmp_path / "r.json"
   assert run.main(["--smoke", "--no-torch", "--sections", "fused,remat",
