@@ -220,8 +220,9 @@ def cudnn_case(spec: dict) -> JaxCase:
 
 
 def stepmm_case(spec: dict) -> JaxCase:
-  """The recurrent matmul alone: T dependent [B, H] x [H, 4H] products in a
-  lax.scan (forward only), the floor under any LSTM-sized cell's step."""
+  """The recurrent matmul alone: T dependent [B, H] x [H, N] products in a
+  lax.scan (forward only; N = spec["N"], 4H by default), the floor under
+  the step of any cell that multiplies its state by an [H, N] matrix."""
   B, T, H = spec["B"], spec["T"], spec["H"]
   N = spec.get("N", 4 * H)
   kh, kw = jax.random.split(jax.random.key(0))

@@ -185,7 +185,7 @@ def make_case(spec: dict) -> TorchCase:
     out = torch.empty(n, n)
     return TorchCase(None, None, None, {"tokens_per_step": 1},
                      fn=lambda: torch.mm(a, b, out=out))
-  if impl == "stepmm":  # T dependent [B, H] x [H, 4H] products, forward
+  if impl == "stepmm":  # T dependent [B, H] x [H, N] products, forward
     B, T, H = spec["B"], spec["T"], spec["H"]
     N = spec.get("N", 4 * H)
     h0, W = torch.randn(B, H), torch.randn(H, N) / H ** 0.5
