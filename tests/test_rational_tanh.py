@@ -75,11 +75,17 @@ def test_fit_reproduces_the_shipped_coefficients():
   """benchmarks/tanh_fit.py makes the library's P and Q, and its error
   figures hold."""
   p, q, rel64 = tanh_fit.fit()
-  np.testing.assert_allclose(p, rational_tanh.P, rtol=1e-12)
-  np.testing.assert_allclose(q, rational_tanh.Q, rtol=1e-12)
+  # The 60 reweighted least-squares solves amplify rounding: OpenBLAS's
+  # kernels for different CPUs (OPENBLAS_CORETYPE Haswell, Zen, SkylakeX,
+  # Sandybridge, Nehalem, Prescott) give coefficients up to 7.6e-8 apart
+  # relative to one another (the last one a float32 ulp), so the fit is
+  # reproducible to that, not to float64's precision.
+  np.testing.assert_allclose(p, rational_tanh.P, rtol=2e-7)
+  np.testing.assert_allclose(q, rational_tanh.Q, rtol=2e-7)
   assert rel64 < 3e-8
-  ab, rel = tanh_fit.float32_errors(p, q, num=200_001)
-  assert ab < 4e-7 and rel < 4e-7
+  for coeffs in ((p, q), (rational_tanh.P, rational_tanh.Q)):
+    ab, rel = tanh_fit.float32_errors(*coeffs, num=200_001)
+    assert ab < 4e-7 and rel < 4e-7
 
 
 def test_fit_main_prints(capsys):
