@@ -3,9 +3,18 @@
 Counted from the equations as the cells compute them (see each cell's
 docstring): the input-only matmuls that `precompute` hoists plus the
 recurrent matmuls and contractions of `step`. Elementwise work (gates,
-nonlinearities) is not counted, as in a roofline. A training step (forward
-plus backward through time) costs 3x the forward matmul FLOPs: the backward
-pass of `x @ W` is two matmuls of the same size (dx and dW).
+nonlinearities) is not counted, as in a roofline.
+
+A timed training step takes gradients to the parameters only, in every
+framework (sorjax and flax differentiate with respect to the params, the
+torch workers' inputs do not require grad), so its backward pass costs one
+product per operand that depends on the parameters: a product by the state
+(h W) two (dW and dh), an input-only one (x W, hoisted) one (dW; no
+framework forms the dx that nothing uses). `products` tags every product
+with that count (its `grads`), and `train_flops` is forward plus backward.
+Until session 22 every product was counted three times, dx of the inputs
+included, which overstated each fraction of the roofline by up to 1.2x
+(the LSTM at D = H: 24 H^2 counted, 20 H^2 computed).
 
 assignment_lstm is counted as its model (one of the S cells per token); the
 implementation runs all S and keeps one, which shows as a lower fraction of
@@ -16,58 +25,70 @@ from __future__ import annotations
 
 import math
 
-TRAIN_FACTOR = 3  # forward + backward (dx and dW) matmuls
+# Backward products of a product whose operands depend on the parameters:
+STATE = 2  # h W, and products of two such operands: dW (or d-other) and dh
+INPUT = 1  # x W: dW only
 
 
-def forward_macs(name: str, hp: dict, D: int) -> int:
-  """Multiply-adds per token of one forward step of cell `name`."""
+def products(name: str, hp: dict, D: int) -> list[tuple[int, int]]:
+  """(multiply-adds per token, backward products) of each product in one
+  forward step of cell `name`."""
   H = hp["hidden_size"]
   M = hp.get("intermediate_size", H)
   if name == "rnn" or name == "mi_rnn":
-    return D * H + H * H                                  # x U, h W
-  if name in ("lstm", "mts_lstm"):
-    return (D + H) * 4 * H                                # x W_x, h W_h
+    return [(D * H, INPUT), (H * H, STATE)]               # x U, h W
+  if name in ("lstm", "mts_lstm", "assignment_lstm"):     # assignment_lstm:
+    return [(D * 4 * H, INPUT), (H * 4 * H, STATE)]       # one cell a token
   if name == "gru":
-    return (D + H) * 3 * H
-  if name == "tensor_rnn":
-    return D * H * H + D * H                              # h A, then x
+    return [(D * 3 * H, INPUT), (H * 3 * H, STATE)]
+  if name == "tensor_rnn":                                # h A, then x (x
+    return [(D * H * H, STATE), (D * H, INPUT)]           # needs no dx)
   if name in ("general2", "mrnn"):
     use_D = hp.get("use_D", True)
     use_E = hp.get("use_E", name == "general2")
-    return (D * M + H * M + M * H                         # B x, C h, m A
-            + (D * H if use_D else 0) + (H * H if use_E else 0))
-  if name == "mlstm":
-    return D * M + D * 4 * H + H * M + M * 4 * H          # W_mx, W_x, W_mh, W_m
+    return ([(D * M, INPUT), (H * M, STATE), (M * H, STATE)]  # B x, C h, m A
+            + ([(D * H, INPUT)] if use_D else [])              # D x
+            + ([(H * H, STATE)] if use_E else []))             # E h
+  if name == "mlstm":                                     # W_mx, W_x, W_mh, W_m
+    return [(D * M, INPUT), (D * 4 * H, INPUT), (H * M, STATE),
+            (M * 4 * H, STATE)]
   if name == "attention_lstm":
     S = hp["num_cells"]
-    cells = S * (D + H) * 4 * H                           # every cell's gates
+    cells = [(S * D * 4 * H, INPUT), (S * H * 4 * H, STATE)]  # every cell
     if hp.get("mix", "states") == "gates":
       mixing = 2 * S * 4 * H                              # gx and h W_h mixed
     else:
       mixing = S * 2 * H                                  # h and c, eq. (d)-(e)
-    return D * S + cells + mixing                         # + x V
-  if name == "assignment_lstm":
-    return (D + H) * 4 * H                                # one cell per token
+    return [(D * S, INPUT)] + cells + [(mixing, STATE)]   # x V first
   if name == "mm_rnn":
-    K = hp.get("num_matrices", 4)
-    return (D * H + D * K                                 # x W_hx, x's key logits
-            + H * K * H + H * K + K * K                   # h [W | P_h], v P_v
-            + K * H)                                      # the mixture, eq. 7
+    return _mm_products(D, H, hp.get("num_matrices", 4))
   if name == "mm_lstm":
-    Ks = hp.get("num_matrices", (4, 4, 2, 2))
-    return sum(D * H + D * K + H * K * H + H * K + K * K + K * H for K in Ks)
+    return [p for K in hp.get("num_matrices", (4, 4, 2, 2))
+            for p in _mm_products(D, H, K)]
   if name == "dyck_rnn":
-    return D + D * H                                      # x W_proj, x W_hx
+    return [(D, INPUT), (D * H, INPUT)]                   # x W_proj, x W_hx
   if name == "tree_lstm":                                 # per internal node
-    return 16 * H * H + 4 * H * H + H * H                 # W_if (2 orders), W_c|W_o, W_co
+    return [(16 * H * H + 4 * H * H + H * H, STATE)]      # W_if (2 orders), W_c|W_o, W_co
   if name == "tree_rnn":
-    return 2 * H * H
+    return [(2 * H * H, STATE)]
   raise ValueError(f"flops: no FLOP count for cell {name!r}")
 
 
+def _mm_products(D: int, H: int, K: int) -> list[tuple[int, int]]:
+  return [(D * H + D * K, INPUT),                         # x W_hx, x's key logits
+          (H * K * H + H * K + K * K, STATE),             # h [W | P_h], v P_v
+          (K * H, STATE)]                                 # the mixture, eq. 7
+
+
+def forward_macs(name: str, hp: dict, D: int) -> int:
+  """Multiply-adds per token of one forward step of cell `name`."""
+  return sum(m for m, _ in products(name, hp, D))
+
+
 def train_flops(name: str, hp: dict, D: int) -> int:
-  """Matmul FLOPs per token of a training step (forward + backward)."""
-  return TRAIN_FACTOR * 2 * forward_macs(name, hp, D)
+  """Matmul FLOPs per token of a training step (forward + backward, the
+  gradients to the parameters only; module docstring)."""
+  return 2 * sum(m * (1 + grads) for m, grads in products(name, hp, D))
 
 
 def matmul_flops(n: int) -> int:

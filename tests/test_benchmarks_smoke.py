@@ -35,20 +35,49 @@ needs_torch = pytest.mark.skipif(
 # ------------------------------------------------------------------ FLOPs
 
 def test_flops_hand_counts():
-  # LSTM, D = H = 256: (D + H) 4H multiply-adds, x2 FLOPs, x3 fwd + bwd.
+  # LSTM, D = H = 256: forward x W_x (D 4H) + h W_h (H 4H) multiply-adds;
+  # backward dW_x for the input product, dW_h and dh for the state's (the
+  # step takes gradients to the params only: no dx); x2 FLOPs.
   assert flops.train_flops("lstm", {"hidden_size": 256}, 256) == \
-      3 * 2 * 512 * 1024
+      2 * (2 * 256 * 1024 + 3 * 256 * 1024)
   # mRNN D=3, H=4, M=5: B x (15) + D x (12) + C h (20) + m A (20) = 67.
-  assert flops.forward_macs("mrnn", {"hidden_size": 4,
-                                     "intermediate_size": 5}, 3) == 67
+  mrnn = {"hidden_size": 4, "intermediate_size": 5}
+  assert flops.forward_macs("mrnn", mrnn, 3) == 67
+  # backward: dB, dD (input-only); dC, dh and dA, dm (the state's).
+  assert flops.train_flops("mrnn", mrnn, 3) == 2 * (2 * (15 + 12)
+                                                     + 3 * (20 + 20))
   # general2 adds E h (16).
   assert flops.forward_macs("general2", {"hidden_size": 4,
                                          "intermediate_size": 5}, 3) == 83
   # mmRNN D=3, H=2, K=4: x W_hx 6, x P_x 12, h W 16, h P_h 8, v P_v 16,
-  # mixture 8 = 66.
-  assert flops.forward_macs("mm_rnn", {"hidden_size": 2,
-                                       "num_matrices": 4}, 3) == 66
+  # mixture 8 = 66; the first two are input-only.
+  mm = {"hidden_size": 2, "num_matrices": 4}
+  assert flops.forward_macs("mm_rnn", mm, 3) == 66
+  assert flops.train_flops("mm_rnn", mm, 3) == 2 * (2 * 18 + 3 * 48)
+  # tensor_rnn D=2, H=3: h A (18) needs dA and dh; its product with x (6)
+  # only the cotangent of h A.
+  assert flops.train_flops("tensor_rnn", {"hidden_size": 3}, 2) == \
+      2 * (3 * 18 + 2 * 6)
   assert flops.matmul_flops(2048) == 2 * 2048 ** 3
+
+
+def test_jax_step_forms_no_input_gradient():
+  """train_flops counts no dx of the inputs: the JAX workers' step of
+  y = x W compiles to the one product dW = x^T G."""
+  from benchmarks import jax_worker
+  step = jax_worker.vjp_step(lambda p, xs, aux: xs @ p)
+  args = (jnp.ones((8, 3)), jnp.ones((16, 8)), {}, jnp.ones((16, 3)))
+  hlo = jax.jit(step).lower(*args).compile().as_text()
+  assert len(re.findall(r" dot\(", hlo)) == 1, hlo
+
+
+@needs_torch
+def test_torch_step_forms_no_input_gradient():
+  from benchmarks import torch_worker
+  case = torch_worker.make_case(run.cell_spec("torch_loop", "mrnn", 2, 3, 4))
+  assert not case.x.requires_grad
+  case.step()
+  assert case.x.grad is None
 
 
 def test_flops_unknown_cell_is_named():
