@@ -1138,6 +1138,10 @@ def main(argv=None) -> int:
           f"{profile.warmup_rounds} untimed (order rotating), >= "
           f"{profile.min_round_s} s per timing; {args.clock} clock; medians; "
           f"ratios are medians of per-round ratios\n"
+          f"- FLOPs: matmul multiply-adds x 2 of a training step whose "
+          f"gradients go to the parameters only, in every framework: "
+          f"forward, dW and dh of products by the state, dW of input-only "
+          f"products (no dx of the inputs; benchmarks/flops.py)\n"
           + (f"- XLA_FLAGS: `{os.environ['XLA_FLAGS']}`\n"
              if os.environ.get("XLA_FLAGS") else "")
           + (f"- host malloc: {args.host_malloc} in every worker "

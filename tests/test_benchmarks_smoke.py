@@ -383,6 +383,7 @@ def test_smoke_run_jax_only(tmp_path):
   for heading in ("## Targets", "## Small-model regime",
                   "replicas trained at once", "Load average at end"):
     assert heading in text
+  assert "gradients go to the parameters only" in text  # the FLOP count
   dyck, replicas, paper = _groups(raw)
   assert dyck["torch.nn.LSTM"]["error"].startswith(
       "skipped: torch not installed")
