@@ -26,21 +26,28 @@ SOURCE = Path(__file__).with_name("fma_peak.c")
 
 
 class PeakUnavailable(RuntimeError):
-  """No C compiler, or the probe failed to build or run."""
+  """No C compiler, or a C probe (this one, benchmarks.placement's) failed
+  to build or run."""
 
 
-def build(workdir: Path) -> Path:
-  """Compiles fma_peak.c into workdir; returns the executable."""
+def compile_probe(source: Path, workdir: Path) -> Path:
+  """Compiles one of the benchmarks' C probes into workdir with $CC
+  (default `cc`) and -O2 -march=native; returns the executable."""
   cc = os.environ.get("CC", "cc")
   if shutil.which(cc) is None:
     raise PeakUnavailable(f"no C compiler: {cc!r} (set $CC) is not on PATH")
-  exe = workdir / "fma_peak"
+  exe = workdir / source.stem
   cmd = [cc, "-O2", "-march=native", "-ffp-contract=fast", "-pthread",
-         str(SOURCE), "-o", str(exe)]
+         str(source), "-o", str(exe)]
   r = subprocess.run(cmd, capture_output=True, text=True)
   if r.returncode:
     raise PeakUnavailable(f"{' '.join(cmd)} failed: {r.stderr.strip()[:300]}")
   return exe
+
+
+def build(workdir: Path) -> Path:
+  """Compiles fma_peak.c into workdir; returns the executable."""
+  return compile_probe(SOURCE, workdir)
 
 
 def _run(exe: Path, threads: int, iters: int) -> tuple[float, float]:

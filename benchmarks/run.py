@@ -51,7 +51,7 @@ import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from benchmarks import flops, peak, specs
+from benchmarks import flops, peak, placement, specs
 
 # The worker of contenders timed with sorjax.small_loops.compile_whole().
 SMALL_LOOPS = "jax_small_loops"
@@ -265,7 +265,8 @@ class Contender:
   info: dict = dataclasses.field(default_factory=dict)
   rates: list = dataclasses.field(default_factory=list)    # per round, or None
   # per timed round: cores its own process kept busy (CPU time / wall
-  # time) and cores the other workers used meanwhile (should be ~0)
+  # time), cores the other workers used meanwhile (should be ~0), and the
+  # core-to-core latency probed just before and just after it (hops_ns)
   cores: list = dataclasses.field(default_factory=list)
   error: str | None = None
 
@@ -351,10 +352,12 @@ class Bench:
     self.counter = 0
     self.raw: list[dict] = []
     self.groups: list["Group"] = []
+    self.prober = placement.Prober()
 
   def close(self):
     for w in self.workers.values():
       w.close()
+    self.prober.close()
 
   def _call(self, c: Contender, timeout: float, **msg) -> dict | None:
     try:
@@ -395,6 +398,8 @@ class Bench:
           f"{time.perf_counter() - t0:.0f} s; {p.rounds} rounds")
     # Warm-up rounds are timed and dropped: a group's first round was often
     # its slowest (session 11: the mRNN at 28.5k, 37.1k, 40.3k tokens/s).
+    # Between timings, the cores' placement is probed (benchmarks.placement).
+    hop = self.prober.probe()
     for r in range(p.warmup_rounds + p.rounds):
       k = r % max(len(live), 1)
       for c in live[k:] + live[:k]:
@@ -403,13 +408,15 @@ class Bench:
         before = sum(w.cpu_seconds() for w in others)
         rep = self._call(c, p.timeout_s, cmd="time", id=c.info["id"], n=n)
         others_s = sum(w.cpu_seconds() for w in others) - before
+        after = self.prober.probe()
+        hops, hop = [hop, after], after
         if r >= p.warmup_rounds:
           c.rates.append(None if rep is None else
                          c.info["tokens_per_step"] * n / rep[self.clock])
           wall = None if rep is None else max(rep["seconds"], 1e-9)
           c.cores.append(None if rep is None else dict(
               own=rep["cpu_seconds"] / wall, others=others_s / wall,
-              seconds=rep["seconds"]))
+              seconds=rep["seconds"], hops_ns=hops))
     for c in live:
       self._call(c, 60, cmd="release", id=c.info["id"])
     if self.args.torch_memory:
@@ -456,8 +463,29 @@ def torch_memory(spec: dict, timeout: float) -> int | None:
   return rep.get("peak_bytes") if rep.get("ok") else None
 
 
-def _paired(a: list, b: list) -> list[float]:
-  return [x / y for x, y in zip(a, b) if x is not None and y]
+def _paired(a: list, b: list, keep=None) -> list[float]:
+  """Per-round ratios a / b; keep: the round indices to use (all if None)."""
+  return [x / y for r, (x, y) in enumerate(zip(a, b))
+          if x is not None and y and (keep is None or r in keep)]
+
+
+def round_place(c: Contender, r: int, floor: float | None) -> str | None:
+  """The placement of c's timed round r (`placement.classify`)."""
+  x = c.cores[r] if r < len(c.cores) else None
+  if x is None or "hops_ns" not in x:
+    return None
+  return placement.classify(*x["hops_ns"], floor)
+
+
+def _rounds_at(place, *cs: Contender) -> set | None:
+  """The rounds every one of cs ran at placement place = (kind, floor);
+  None (every round) when place is None."""
+  if place is None:
+    return None
+  kind, floor = place
+  n = min(len(c.rates) for c in cs)
+  return {r for r in range(n)
+          if all(round_place(c, r, floor) == kind for c in cs)}
 
 
 class Group:
@@ -479,14 +507,20 @@ class Group:
                                   else c.rate * c.flops_per_token)
     return {k: None if v is None else v / 1e9 for k, v in out.items()}
 
-  def ratio(self, a: Contender, b: Contender) -> float | None:
-    return _med(_paired(a.rates, b.rates))
+  def ratio(self, a: Contender, b: Contender, place=None) -> float | None:
+    """The median per-round ratio; place = (kind, floor): only the rounds
+    both ran at that placement."""
+    return _med(_paired(a.rates, b.rates, _rounds_at(place, a, b)))
 
-  def fraction(self, c: Contender) -> float | None:
+  def fraction(self, c: Contender, place=None) -> float | None:
+    """The median per-round fraction of the roofline; place as in ratio
+    (the matmuls' placement is not asked: they ran as fast apart)."""
     if not c.flops_per_token or not self.roof:
       return None
+    keep = _rounds_at(place, c)
     return _med([x * c.flops_per_token / y
-                 for x, y in zip(c.rates, self.roof) if x is not None and y])
+                 for r, (x, y) in enumerate(zip(c.rates, self.roof))
+                 if x is not None and y and (keep is None or r in keep)])
 
   def as_json(self) -> dict:
     return {"roofline_gflops": self.roof_gflops(),
@@ -562,16 +596,18 @@ def errors(cs: Iterable[Contender]) -> list[str]:
 @dataclasses.dataclass
 class Report:
   parts: list = dataclasses.field(default_factory=list)
-  # (text, ok, value, pool): pool = (ours, peer, x) for "ours >= x times
-  # peer", judged at the end over every group that timed both (`pooled`)
+  # (text, ok, value, pool, frac): pool = (ours, peer, x) for "ours >= x
+  # times peer", judged at the end over every group that timed both
+  # (`pooled`); frac = (group, contender) for a fraction of the roofline
   targets: list = dataclasses.field(default_factory=list)
 
   def add(self, text: str):
     self.parts.append(text)
     print(text + "\n", flush=True)
 
-  def target(self, text: str, ok: bool | None, value: str, pool=None):
-    self.targets.append((text, ok, value, pool))
+  def target(self, text: str, ok: bool | None, value: str, pool=None,
+             frac=None):
+    self.targets.append((text, ok, value, pool, frac))
 
 
 def _shape(s) -> str:
@@ -722,7 +758,7 @@ def _cell_targets(rep, name, ours, nv, vs_naive, loop, g, mem_ratio,
   if not variant:
     f = g.fraction(ours)
     rep.target(f"{tag} >= 70% of roofline at H=512",
-               None if f is None else f >= 0.7, f_pct(f))
+               None if f is None else f >= 0.7, f_pct(f), frac=(g, ours))
     if loop is not None:
       r = g.ratio(ours, loop)
       rep.target(f"{tag} >= 2x torch Python loop at H=512",
@@ -1224,23 +1260,113 @@ def cpu_text(groups: Iterable["Group"]) -> str:
        "own cores (median)"], rows)
 
 
+def placement_floor(groups: Iterable["Group"]) -> float | None:
+  """The run's fastest core-to-core reading: the cores' nearest
+  placement, against which `placement.classify` judges each round."""
+  v = [h for g in groups for c in g.rooflines + g.contenders
+       for x in c.cores if x is not None for h in x.get("hops_ns", ())
+       if h is not None]
+  return min(v) if v else None
+
+
+def pooled_rounds(groups: Iterable["Group"], ours: Contender,
+                  peer: Contender, place) -> list[float]:
+  """The per-round ratios ours / peer at placement place = (kind, floor),
+  over every group that timed both."""
+  out = []
+  for g in groups:
+    a = next((c for c in g.contenders if c.spec == ours.spec), None)
+    b = next((c for c in g.contenders if c.spec == peer.spec), None)
+    if a is not None and b is not None:
+      out += _paired(a.rates, b.rates, _rounds_at(place, a, b))
+  return out
+
+
+def _by_place(groups, floor, pool, frac) -> str:
+  """A target's value over the rounds run with the cores near and apart."""
+  parts = []
+  for kind, name in (("near", "cores near"), ("far", "apart")):
+    place = (kind, floor)
+    if pool is not None:
+      rs = pooled_rounds(groups, *pool[:2], place)
+      v, n = (f_x(_med(rs)) if rs else "-"), len(rs)
+    else:
+      g, c = frac
+      n = len(_rounds_at(place, c))
+      v = f_pct(g.fraction(c, place)) if n else "-"
+    parts.append(f"{name} {v} ({n} rounds)")
+  return "; " + ", ".join(parts)
+
+
 def targets_text(rep: Report, groups: Iterable["Group"] = ()) -> str:
   """The targets table. A ratio target whose pair was timed in more than
-  one group is judged by the median over those groups, which it lists."""
+  one group is judged by the median over those groups, which it lists.
+  When some rounds of the run ran with the cores apart (section "Where the
+  cores sat"), each ratio and fraction target also gives its value over
+  the rounds run near and apart; the verdict stays the one over all."""
   if not rep.targets:
     return ""
   groups = list(groups)
+  floor = placement_floor(groups)
+  split = floor is not None and any(
+      round_place(c, r, floor) == "far" for g in groups
+      for c in g.contenders for r in range(len(c.cores)))
   rows = []
-  for t, ok, v, pool in rep.targets:
+  for t, ok, v, pool, frac in rep.targets:
     rs = [] if pool is None else pooled(groups, *pool[:2])
     if len(rs) > 1:
       med = statistics.median(rs)
       ok = med >= pool[2]
       v += (f"; {len(rs)} groups of this run timed both: "
             f"{' / '.join(map(f_x, rs))}, median {f_x(med)}")
+    if split and (pool is not None or frac is not None):
+      v += _by_place(groups, floor, pool, frac)
     rows.append([t, "met" if ok else "NOT met" if ok is not None else "n/a",
                  v])
   return "## Targets\n\n" + table(["target", "status", "measured"], rows)
+
+
+def placement_text(groups: Iterable["Group"], error: str | None) -> str:
+  """The report's account of where the cores sat in the timed rounds, and
+  what the rounds apart cost every contender timed both near and apart."""
+  head = "## Where the cores sat\n\n"
+  groups = list(groups)
+  floor = placement_floor(groups)
+  if floor is None:
+    return head + f"Not probed: {error or 'no timed round'}."
+  kinds = {"near": 0, "far": 0, "moved": 0}
+  rows = []
+  for i, g in enumerate(groups, 1):
+    for c in g.rooflines + g.contenders:
+      at = {}
+      for r, x in enumerate(c.rates):
+        kind = round_place(c, r, floor)
+        if kind is not None:
+          kinds[kind] += 1
+          if x is not None:
+            at.setdefault(kind, []).append(x)
+      if "near" in at and "far" in at:
+        near, far = _med(at["near"]), _med(at["far"])
+        rows.append([str(i), c.label,
+                     f"{len(at['near'])} / {len(at['far'])}",
+                     f"{near:,.0f}", f"{far:,.0f}", f_x(far / near)])
+  text = head + (
+      f"The core-to-core latency (`benchmarks/placement.py`: a store on one "
+      f"core seen by another, the slowest of the probed pairs) was read "
+      f"before and after every timing. The fastest reading of the run is "
+      f"{floor:.1f} ns; a timed round ran with the cores *near* when both "
+      f"its readings were within {placement.FAR:g}x of it, *apart* when "
+      f"both were above, and *moved* otherwise. On a VM the host moves the "
+      f"vCPUs: session 23's (AMD EPYC family 25 model 17) sat on one L3 "
+      f"cache (~26 ns) or on two (~170 ns). Timed rounds: {kinds['near']} near, {kinds['far']} "
+      f"apart, {kinds['moved']} moved"
+      + ("" if error is None else f"; probing stopped: {error}"))
+  if not rows:
+    return text + "."
+  return text + (". Contenders timed both near and apart (median "
+                 "tokens/s; groups numbered as they ran):\n\n") + table(
+      ["group", "contender", "rounds near / apart", "tokens/s near",
+       "tokens/s apart", "apart vs near"], rows)
 
 
 def _write(out, rep, args, bench, load0, started, t0, final):
@@ -1249,7 +1375,9 @@ def _write(out, rep, args, bench, load0, started, t0, final):
           if final else "\n\n---\n(partial: run in progress)")
   targets = targets_text(rep, bench.groups)
   text = "\n\n".join(rep.parts[:1] + [targets] + rep.parts[1:]
-                     + [cpu_text(bench.groups)]) + tail
+                     + [cpu_text(bench.groups),
+                        placement_text(bench.groups, bench.prober.error)]
+                     ) + tail
   if final:
     print(targets + tail, flush=True)
   if out is not None:

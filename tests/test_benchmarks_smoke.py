@@ -12,6 +12,7 @@ import importlib.util
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import time
@@ -30,6 +31,9 @@ HAS_TORCH = importlib.util.find_spec("torch") is not None
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_torch = pytest.mark.skipif(
     not HAS_TORCH, reason="torch not installed (the 'bench' extra)")
+# the placement probe needs a C compiler and two usable CPUs
+CAN_PROBE = (shutil.which(os.environ.get("CC", "cc")) is not None
+             and len(os.sched_getaffinity(0)) > 1)
 
 
 # ------------------------------------------------------------------ FLOPs
@@ -398,9 +402,14 @@ def test_smoke_run_jax_only(tmp_path):
     assert len(g[label]["rates"]) == 2 and all(r > 0 for r in g[label]["rates"])
     assert g[label]["info"]["peak_bytes"] > 0
     assert [sorted(x) for x in g[label]["cores"]] == [
-        ["others", "own", "seconds"]] * 2
+        ["hops_ns", "others", "own", "seconds"]] * 2
     assert all(x["own"] >= 0 and x["others"] >= 0 for x in g[label]["cores"])
+    # the cores' placement, probed on either side of every timing
+    hops = [h for x in g[label]["cores"] for h in x["hops_ns"]]
+    assert len(hops) == 4
+    assert all(h > 0 for h in hops) if CAN_PROBE else hops == [None] * 4
   assert "## CPU use in the timed rounds" in text
+  assert "## Where the cores sat" in text
   assert replicas["sorjax lstm [x3 replicas (vmap), +adam]"]["info"][
       "tokens_per_step"] == 3 * 2 * 6
   assert "| skipped |" in text

@@ -1,0 +1,131 @@
+"""Where the cores sat: core-to-core latency of the usable CPUs (hop.c).
+
+    python -m benchmarks.placement [--seconds 60] [--interval 0.5]
+
+On a VM the host moves the vCPUs between its cores. Session 23 found this
+machine's two vCPUs sometimes on one L3 cache (~26 ns for a store on one
+to reach the other) and sometimes on two (~170 ns), for seconds at a time,
+and sorjax's LSTM step at B=32 T=100 H=256 1.31x slower while they sat
+apart (its threads hand each step's products and wake-ups to each other),
+torch.nn.LSTM 1.07x slower, and neither the 1024^3 matmul nor the FMA
+peak slower. That was the "slow state" of sessions 22's runs.
+
+`benchmarks.run` probes between timed rounds and its report splits the
+rounds by placement (`classify`); this command prints the readings over
+time. The probe is C, compiled on the spot as benchmarks.peak's is; it
+pins two threads, so run it when nothing else is being timed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+from benchmarks import peak
+
+SOURCE = Path(__file__).with_name("hop.c")
+
+# A reading above FAR times the fastest of the run: the cores sat apart
+# (this machine: ~170 against ~26 ns; the probe's spread is +-15%).
+FAR = 2.0
+
+
+class Prober:
+  """Runs hop.c between the first usable CPU and up to three others; a
+  reading is the slowest pair's median one-way hop, in ns. Without a C
+  compiler or a second CPU, `probe()` returns None and `error` says why."""
+
+  def __init__(self, cpus=None, hops: int = 2000, timeout_s: float = 10.0):
+    cpus = sorted(os.sched_getaffinity(0) if cpus is None else cpus)
+    if hops < 1:
+      raise ValueError(f"Prober: hops must be >= 1, got {hops}")
+    self.pairs = [(cpus[0], c) for c in cpus[1:4]]
+    self.hops, self.timeout_s = hops, timeout_s
+    self.error: str | None = None
+    self._dir = None
+    if not self.pairs:
+      self.error = f"one usable CPU ({cpus}): no pair of cores to probe"
+      return
+    self._dir = tempfile.TemporaryDirectory(prefix="sorjax-hop-")
+    try:
+      self.exe = peak.compile_probe(SOURCE, Path(self._dir.name))
+    except peak.PeakUnavailable as e:
+      self.error = str(e)
+      self.close()
+
+  def probe(self) -> float | None:
+    """One reading, or None (after a failure every reading is None)."""
+    if self.error is not None:
+      return None
+    worst = 0.0
+    for a, b in self.pairs:
+      cmd = [str(self.exe), str(a), str(b), str(self.hops)]
+      try:
+        r = subprocess.run(cmd, capture_output=True, text=True,
+                           timeout=self.timeout_s)
+      except subprocess.TimeoutExpired:
+        self.error = f"{' '.join(cmd[1:])}: no answer in {self.timeout_s} s"
+        return None
+      if r.returncode:
+        self.error = (f"hop {a} {b}: exit {r.returncode}: "
+                      f"{r.stderr.strip()[:300]}")
+        return None
+      worst = max(worst, float(r.stdout.split()[0]))
+    return worst
+
+  def close(self):
+    if self._dir is not None:
+      self._dir.cleanup()
+      self._dir = None
+
+
+def classify(before: float | None, after: float | None,
+             floor: float | None) -> str | None:
+  """A timed round's placement from the readings on either side of it:
+  "near" (both within FAR x floor, the run's fastest reading), "far" (both
+  above), "moved" (one of each), None (not probed)."""
+  if before is None or after is None or not floor:
+    return None
+  far = [v > FAR * floor for v in (before, after)]
+  return "far" if all(far) else "moved" if any(far) else "near"
+
+
+def main(argv=None) -> int:
+  ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  ap.add_argument("--seconds", type=float, default=60.0,
+                  help="how long to watch (default 60)")
+  ap.add_argument("--interval", type=float, default=0.5,
+                  help="seconds between readings (default 0.5)")
+  args = ap.parse_args(argv)
+  if args.seconds <= 0 or args.interval < 0:
+    ap.error(f"--seconds must be > 0 (got {args.seconds}) and --interval "
+             f">= 0 (got {args.interval})")
+  prober = Prober()
+  try:
+    readings, t0 = [], time.perf_counter()
+    while time.perf_counter() - t0 < args.seconds:
+      v = prober.probe()
+      if v is None:
+        print(f"not measured: {prober.error}")
+        return 1
+      readings.append(v)
+      print(f"{time.perf_counter() - t0:7.1f} s  {v:6.1f} ns", flush=True)
+      time.sleep(args.interval)
+  finally:
+    prober.close()
+  floor = min(readings)
+  far = [v > FAR * floor for v in readings]
+  moves = sum(a != b for a, b in zip(far, far[1:]))
+  print(f"{len(readings)} readings between CPUs {prober.pairs}: fastest "
+        f"{floor:.1f} ns, median {statistics.median(readings):.1f} ns; "
+        f"{sum(far)} above {FAR:g}x the fastest; {moves} changes")
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
