@@ -24,7 +24,11 @@ in gigabytes, which slowed the matmul timed next to them). The header also
 gives the cores' FMA peak (benchmarks.peak): the arithmetic ceiling above
 the roofline. Targets relative to a peer say what they need in roofline
 terms (the target ratio times the peer's fraction): above 100% a target
-asks for a faster matmul than any measured here.
+asks for a faster matmul than any measured here. Every timing is
+bracketed by a core-to-core latency probe (benchmarks.placement): on a VM
+the host moves the vCPUs, and with two of them on different L3 caches
+XLA's steps ran up to 1.6x slower; the report gives each target over
+the rounds run near and apart, and what apart cost each contender.
 
 A training step is forward + backward through time to every parameter,
 given a fixed random cotangent of the outputs (no loss head). Peak memory:
