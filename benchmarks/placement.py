@@ -30,9 +30,9 @@ from benchmarks import peak
 
 SOURCE = Path(__file__).with_name("hop.c")
 
-# A reading above FAR times the fastest of the run: the cores sat apart
+# A reading above APART times the fastest of the run: the cores sat apart
 # (this machine: ~170 against ~26 ns; the probe's spread is +-15%).
-FAR = 2.0
+APART = 2.0
 
 
 class Prober:
@@ -87,12 +87,12 @@ class Prober:
 def classify(before: float | None, after: float | None,
              floor: float | None) -> str | None:
   """A timed round's placement from the readings on either side of it:
-  "near" (both within FAR x floor, the run's fastest reading), "far" (both
+  "near" (both within APART x floor, the run's fastest reading), "apart" (both
   above), "moved" (one of each), None (not probed)."""
   if before is None or after is None or not floor:
     return None
-  far = [v > FAR * floor for v in (before, after)]
-  return "far" if all(far) else "moved" if any(far) else "near"
+  apart = [v > APART * floor for v in (before, after)]
+  return "apart" if all(apart) else "moved" if any(apart) else "near"
 
 
 def main(argv=None) -> int:
@@ -119,11 +119,11 @@ def main(argv=None) -> int:
   finally:
     prober.close()
   floor = min(readings)
-  far = [v > FAR * floor for v in readings]
-  moves = sum(a != b for a, b in zip(far, far[1:]))
+  apart = [v > APART * floor for v in readings]
+  moves = sum(a != b for a, b in zip(apart, apart[1:]))
   print(f"{len(readings)} readings between CPUs {prober.pairs}: fastest "
         f"{floor:.1f} ns, median {statistics.median(readings):.1f} ns; "
-        f"{sum(far)} above {FAR:g}x the fastest; {moves} changes")
+        f"{sum(apart)} above {APART:g}x the fastest; {moves} changes")
   return 0
 
 

@@ -1216,12 +1216,18 @@ def pooled(groups: Iterable["Group"], ours: Contender, peer: Contender
   read a target met that the others read missed."""
   out = []
   for g in groups:
-    a = next((c for c in g.contenders if c.spec == ours.spec), None)
-    b = next((c for c in g.contenders if c.spec == peer.spec), None)
+    a, b = _pair_in(g, ours, peer)
     r = None if a is None or b is None else g.ratio(a, b)
     if r is not None:
       out.append(r)
   return out
+
+
+def _pair_in(g: "Group", ours: Contender, peer: Contender):
+  """g's contenders of ours' and peer's specs (None where g has none):
+  each section builds its own Contender objects."""
+  return tuple(next((c for c in g.contenders if c.spec == x.spec), None)
+               for x in (ours, peer))
 
 
 # Cores the other workers may use during a timed round before the report
@@ -1279,8 +1285,7 @@ def pooled_rounds(groups: Iterable["Group"], ours: Contender,
   over every group that timed both."""
   out = []
   for g in groups:
-    a = next((c for c in g.contenders if c.spec == ours.spec), None)
-    b = next((c for c in g.contenders if c.spec == peer.spec), None)
+    a, b = _pair_in(g, ours, peer)
     if a is not None and b is not None:
       out += _paired(a.rates, b.rates, _rounds_at(place, a, b))
   return out
@@ -1289,7 +1294,7 @@ def pooled_rounds(groups: Iterable["Group"], ours: Contender,
 def _by_place(groups, floor, pool, frac) -> str:
   """A target's value over the rounds run with the cores near and apart."""
   parts = []
-  for kind, name in (("near", "cores near"), ("far", "apart")):
+  for kind, name in (("near", "cores near"), ("apart", "apart")):
     place = (kind, floor)
     if pool is not None:
       rs = pooled_rounds(groups, *pool[:2], place)
@@ -1298,7 +1303,7 @@ def _by_place(groups, floor, pool, frac) -> str:
       g, c = frac
       n = len(_rounds_at(place, c))
       v = f_pct(g.fraction(c, place)) if n else "-"
-    parts.append(f"{name} {v} ({n} rounds)")
+    parts.append(f"{name} {v} ({n} round{'' if n == 1 else 's'})")
   return "; " + ", ".join(parts)
 
 
@@ -1313,7 +1318,7 @@ def targets_text(rep: Report, groups: Iterable["Group"] = ()) -> str:
   groups = list(groups)
   floor = placement_floor(groups)
   split = floor is not None and any(
-      round_place(c, r, floor) == "far" for g in groups
+      round_place(c, r, floor) == "apart" for g in groups
       for c in g.contenders for r in range(len(c.cores)))
   rows = []
   for t, ok, v, pool, frac in rep.targets:
@@ -1338,7 +1343,7 @@ def placement_text(groups: Iterable["Group"], error: str | None) -> str:
   floor = placement_floor(groups)
   if floor is None:
     return head + f"Not probed: {error or 'no timed round'}."
-  kinds = {"near": 0, "far": 0, "moved": 0}
+  kinds = {"near": 0, "apart": 0, "moved": 0}
   rows = []
   for i, g in enumerate(groups, 1):
     for c in g.rooflines + g.contenders:
@@ -1349,21 +1354,22 @@ def placement_text(groups: Iterable["Group"], error: str | None) -> str:
           kinds[kind] += 1
           if x is not None:
             at.setdefault(kind, []).append(x)
-      if "near" in at and "far" in at:
-        near, far = _med(at["near"]), _med(at["far"])
+      if "near" in at and "apart" in at:
+        near, apart = _med(at["near"]), _med(at["apart"])
         rows.append([str(i), c.label,
-                     f"{len(at['near'])} / {len(at['far'])}",
-                     f"{near:,.0f}", f"{far:,.0f}", f_x(far / near)])
+                     f"{len(at['near'])} / {len(at['apart'])}",
+                     f"{near:,.0f}", f"{apart:,.0f}", f_x(apart / near)])
   text = head + (
       f"The core-to-core latency (`benchmarks/placement.py`: a store on one "
       f"core seen by another, the slowest of the probed pairs) was read "
       f"before and after every timing. The fastest reading of the run is "
       f"{floor:.1f} ns; a timed round ran with the cores *near* when both "
-      f"its readings were within {placement.FAR:g}x of it, *apart* when "
+      f"its readings were within {placement.APART:g}x of it, *apart* when "
       f"both were above, and *moved* otherwise. On a VM the host moves the "
       f"vCPUs: session 23's (AMD EPYC family 25 model 17) sat on one L3 "
-      f"cache (~26 ns) or on two (~170 ns). Timed rounds: {kinds['near']} near, {kinds['far']} "
-      f"apart, {kinds['moved']} moved"
+      f"cache (~26 ns) or on two (~170 ns). Timed rounds: "
+      f"{kinds['near']} near, {kinds['apart']} apart, {kinds['moved']} "
+      f"moved"
       + ("" if error is None else f"; probing stopped: {error}"))
   if not rows:
     return text + "."
