@@ -8,7 +8,6 @@
    in nanoseconds. On a VM the two vCPUs move between host cores: on one
    L3 cache (Zen 4: ~26 ns a hop here) or across two (~170 ns). */
 #define _GNU_SOURCE
-#include <errno.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdatomic.h>
@@ -21,7 +20,6 @@
 
 static _Atomic long token __attribute__((aligned(64)));
 static long hops;
-static int cpu_b;
 
 static int pin(int cpu) {
   cpu_set_t s;
@@ -52,8 +50,7 @@ int main(int argc, char **argv) {
     fprintf(stderr, "usage: %s CPU_A CPU_B HOPS\n", argv[0]);
     return 2;
   }
-  int cpu_a = atoi(argv[1]);
-  cpu_b = atoi(argv[2]);
+  int cpu_a = atoi(argv[1]), cpu_b = atoi(argv[2]);
   hops = atol(argv[3]);
   if (cpu_a < 0 || cpu_b < 0 || cpu_a >= CPU_SETSIZE || cpu_b >= CPU_SETSIZE
       || cpu_a == cpu_b || hops < 1) {

@@ -69,7 +69,7 @@ class Prober:
         r = subprocess.run(cmd, capture_output=True, text=True,
                            timeout=self.timeout_s)
       except subprocess.TimeoutExpired:
-        self.error = f"{' '.join(cmd[1:])}: no answer in {self.timeout_s} s"
+        self.error = f"hop {a} {b}: no answer in {self.timeout_s} s"
         return None
       if r.returncode:
         self.error = (f"hop {a} {b}: exit {r.returncode}: "
@@ -84,14 +84,20 @@ class Prober:
       self._dir = None
 
 
+def is_apart(reading: float, floor: float) -> bool:
+  """Whether one reading says the cores sat apart: above APART x floor,
+  the run's fastest reading."""
+  return reading > APART * floor
+
+
 def classify(before: float | None, after: float | None,
              floor: float | None) -> str | None:
   """A timed round's placement from the readings on either side of it:
-  "near" (both within APART x floor, the run's fastest reading), "apart" (both
-  above), "moved" (one of each), None (not probed)."""
+  "near" (neither `is_apart`), "apart" (both), "moved" (one of each), None
+  (not probed)."""
   if before is None or after is None or not floor:
     return None
-  apart = [v > APART * floor for v in (before, after)]
+  apart = [is_apart(v, floor) for v in (before, after)]
   return "apart" if all(apart) else "moved" if any(apart) else "near"
 
 
@@ -119,7 +125,7 @@ def main(argv=None) -> int:
   finally:
     prober.close()
   floor = min(readings)
-  apart = [v > APART * floor for v in readings]
+  apart = [is_apart(v, floor) for v in readings]
   moves = sum(a != b for a, b in zip(apart, apart[1:]))
   print(f"{len(readings)} readings between CPUs {prober.pairs}: fastest "
         f"{floor:.1f} ns, median {statistics.median(readings):.1f} ns; "

@@ -7,6 +7,8 @@ import pytest
 
 from benchmarks import placement, run
 
+# the probe needs a C compiler and two usable CPUs (also read by the
+# benchmark's smoke run)
 CAN_PROBE = (shutil.which(os.environ.get("CC", "cc")) is not None
              and len(os.sched_getaffinity(0)) > 1)
 needs_probe = pytest.mark.skipif(

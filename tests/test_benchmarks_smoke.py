@@ -12,7 +12,6 @@ import importlib.util
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import time
@@ -26,14 +25,12 @@ import pytest
 import sorjax
 from benchmarks import flops, jax_worker, naive, run, specs
 from tests.cells.reference import intermediate_shapes
+from tests.test_benchmarks_placement import CAN_PROBE
 
 HAS_TORCH = importlib.util.find_spec("torch") is not None
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 needs_torch = pytest.mark.skipif(
     not HAS_TORCH, reason="torch not installed (the 'bench' extra)")
-# the placement probe needs a C compiler and two usable CPUs
-CAN_PROBE = (shutil.which(os.environ.get("CC", "cc")) is not None
-             and len(os.sched_getaffinity(0)) > 1)
 
 
 # ------------------------------------------------------------------ FLOPs
