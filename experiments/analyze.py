@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging as std_logging
 import sys
 
+import jax
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
@@ -99,4 +100,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  jax.config.config_with_absl()  # --jax_* flags, e.g. --jax_compilation_cache_dir
   app.run(main)

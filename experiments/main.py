@@ -9,6 +9,7 @@ checkpoint.
 
 import sys
 
+import jax
 from absl import app, flags, logging
 from ml_collections import config_flags
 
@@ -55,4 +56,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  jax.config.config_with_absl()  # --jax_* flags, e.g. --jax_compilation_cache_dir
   app.run(main)

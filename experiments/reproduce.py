@@ -27,6 +27,7 @@ import time
 from typing import Any, Callable
 
 import numpy as np
+import jax
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
@@ -765,4 +766,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
+  jax.config.config_with_absl()  # --jax_* flags, e.g. --jax_compilation_cache_dir
   app.run(main)

@@ -70,6 +70,26 @@ def test_config_errors_stop_before_training(tmp_path):
   assert "config error: config.task: unknown task 'nope'" in res.stderr
 
 
+def test_jax_flags_reach_jax(tmp_path):
+  # The launchers register JAX's options as absl flags: here a cache
+  # directory of the run's own (overriding the test session's), filled by
+  # its compiles.
+  cache = tmp_path / "xla_cache"
+  subprocess.run(main_cmd(tmp_path / "run", "--config.train.num_epochs=1",
+                          f"--jax_compilation_cache_dir={cache}",
+                          "--jax_persistent_cache_min_compile_time_secs=0"),
+                 cwd=ROOT, check=True, capture_output=True, timeout=600)
+  assert len(os.listdir(cache)) > 10
+  res = subprocess.run([sys.executable, "-m", "experiments.analyze",
+                        "--helpfull"], cwd=ROOT, capture_output=True,
+                       text=True, timeout=300)
+  assert "--jax_compilation_cache_dir" in res.stdout
+  res = subprocess.run([sys.executable, "-m", "experiments.reproduce",
+                        "--list", "--jax_platforms=nope"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0 and "dyck_rnn" in res.stdout
+
+
 def test_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
   full, cut = tmp_path / "full", tmp_path / "cut"
   subprocess.run(main_cmd(full), cwd=ROOT, check=True, capture_output=True,
