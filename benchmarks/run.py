@@ -1205,6 +1205,11 @@ def main(argv=None) -> int:
   finally:
     bench.close()
   _write(out, rep, args, bench, load0, started, t0, final=True)
+  failed = errors(c for g in bench.groups for c in g.rooflines + g.contenders)
+  if failed:  # the report lists them too; a script sees the exit status
+    _note(f"{len(failed)} contender(s) failed (worker log: {log}):\n"
+          + "\n".join(failed))
+    return 1
   return 0
 
 

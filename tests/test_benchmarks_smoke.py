@@ -33,6 +33,12 @@ needs_torch = pytest.mark.skipif(
     not HAS_TORCH, reason="torch not installed (the 'bench' extra)")
 
 
+@pytest.fixture(autouse=True)
+def _worker_log_in_tmp_path(tmp_path, monkeypatch):
+  """benchmarks.run keeps its workers' stderr in $TMPDIR: not in /tmp."""
+  monkeypatch.setenv("TMPDIR", str(tmp_path))
+
+
 # ------------------------------------------------------------------ FLOPs
 
 def test_flops_hand_counts():
@@ -369,11 +375,32 @@ def test_default_report_is_a_new_file_not_results_md(tmp_path, monkeypatch):
   (tmp_path / "benchmarks").mkdir()
   curated = tmp_path / "benchmarks" / "RESULTS.md"
   curated.write_text("curated\n")
+  # The workers still import benchmarks from this checkout.
+  monkeypatch.setenv("PYTHONPATH", str(run.ROOT))
   monkeypatch.setattr(run, "ROOT", tmp_path)
   assert run.main(["--smoke", "--no-torch", "--sections", "unroll"]) == 0
   assert curated.read_text() == "curated\n"
   reports = list((tmp_path / "benchmarks" / "reports").glob("*-smoke.md"))
-  assert len(reports) == 1 and "unroll factor" in reports[0].read_text()
+  assert len(reports) == 1
+  assert "| lstm | 2 |" in reports[0].read_text()
+  assert (tmp_path / f"sorjax-bench-{os.getpid()}.log").read_text() == ""
+
+
+def test_a_run_whose_workers_fail_says_so_and_exits_1(tmp_path, monkeypatch,
+                                                      capsys):
+  # A checkout without the worker modules: every contender fails.
+  (tmp_path / "benchmarks").mkdir()
+  monkeypatch.setattr(run, "ROOT", tmp_path)
+  out = tmp_path / "r.md"
+  assert run.main(["--smoke", "--no-torch", "--sections", "unroll",
+                   "--out", str(out)]) == 1
+  log = tmp_path / f"sorjax-bench-{os.getpid()}.log"
+  assert "No module named benchmarks.jax_worker" in log.read_text()
+  text = out.read_text()
+  assert "| lstm | 1 | error |" in text
+  assert (f"- sorjax lstm [unroll=1]: benchmarks.jax_worker exited with "
+          f"code 1 (see {log})") in text
+  assert "2 contender(s) failed" in capsys.readouterr().err
 
 
 def test_smoke_run_jax_only(tmp_path):
