@@ -100,5 +100,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  jax.config.config_with_absl()  # --jax_* flags, e.g. --jax_compilation_cache_dir
+  jax.config.config_with_absl()  # every JAX option as a --jax_* flag
   app.run(main)

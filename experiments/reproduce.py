@@ -26,8 +26,8 @@ import sys
 import time
 from typing import Any, Callable
 
-import numpy as np
 import jax
+import numpy as np
 from absl import app, flags, logging
 
 FLAGS = flags.FLAGS
@@ -766,5 +766,5 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  jax.config.config_with_absl()  # --jax_* flags, e.g. --jax_compilation_cache_dir
+  jax.config.config_with_absl()  # every JAX option as a --jax_* flag
   app.run(main)

@@ -390,6 +390,7 @@ def test_a_run_whose_workers_fail_says_so_and_exits_1(tmp_path, monkeypatch,
                                                       capsys):
   # A checkout without the worker modules: every contender fails.
   (tmp_path / "benchmarks").mkdir()
+  monkeypatch.delenv("PYTHONPATH", raising=False)
   monkeypatch.setattr(run, "ROOT", tmp_path)
   out = tmp_path / "r.md"
   assert run.main(["--smoke", "--no-torch", "--sections", "unroll",
