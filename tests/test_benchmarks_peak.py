@@ -59,7 +59,8 @@ def test_needs_is_the_target_times_the_peer_fraction():
   assert run._needs(g, "ours", "loop", 2.0) == ""   # peer not measured
 
 
-def test_lstm_targets_state_the_roofline_needed(tmp_path):
+def test_lstm_targets_state_the_roofline_needed(tmp_path, monkeypatch):
+  monkeypatch.setenv("TMPDIR", str(tmp_path))    # the workers' log
   out = tmp_path / "r.md"
   assert run.main(["--smoke", "--no-torch", "--sections", "lstm",
                    "--out", str(out)]) == 0
