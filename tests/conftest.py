@@ -15,8 +15,8 @@ jax.config.update("jax_numpy_rank_promotion", "raise")
 jax.config.update("jax_numpy_dtype_promotion", "strict")
 
 
-# The compilation cache this session made (and removes at its end).
-_OWNED = "SORJAX_TEST_XLA_CACHE"
+# The compilation cache this process made, removed at the session's end.
+_owned_cache = None
 
 
 def pytest_configure(config):
@@ -27,22 +27,22 @@ def pytest_configure(config):
   run's time (the suite: 18.5 -> 14.5 min). A hit is keyed by the
   program, its compile options and XLA_FLAGS, so it is what a compile
   would return."""
+  global _owned_cache
   del config
-  if "JAX_COMPILATION_CACHE_DIR" not in os.environ:  # not an xdist worker
-    os.environ["JAX_COMPILATION_CACHE_DIR"] = os.environ[_OWNED] = (
-        tempfile.mkdtemp(prefix="sorjax-test-xla-cache-"))
-    os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
-  # jax read its environment when imported above.
-  jax.config.update("jax_compilation_cache_dir",
-                    os.environ["JAX_COMPILATION_CACHE_DIR"])
-  jax.config.update("jax_persistent_cache_min_compile_time_secs", float(
-      os.environ.get("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "1")))
+  if "JAX_COMPILATION_CACHE_DIR" in os.environ:
+    return  # the caller's, or in an xdist worker the session's: jax read it
+  _owned_cache = tempfile.mkdtemp(prefix="sorjax-test-xla-cache-")
+  os.environ["JAX_COMPILATION_CACHE_DIR"] = _owned_cache
+  os.environ["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+  # jax read its environment when imported above, before these were set.
+  jax.config.update("jax_compilation_cache_dir", _owned_cache)
+  jax.config.update("jax_persistent_cache_min_compile_time_secs", 0.0)
 
 
 def pytest_unconfigure(config):
   del config
-  if _OWNED in os.environ and "PYTEST_XDIST_WORKER" not in os.environ:
-    shutil.rmtree(os.environ.pop(_OWNED), ignore_errors=True)
+  if _owned_cache:
+    shutil.rmtree(_owned_cache, ignore_errors=True)
 
 
 SHARED_DATA = os.path.join(os.path.dirname(__file__), "..", "..", "shared",
