@@ -1,6 +1,7 @@
 """Strict numerics for every test: silent broadcasting or dtype promotion
 in an einsum becomes an error (as in Equinox's test configuration). One
-compilation cache for the whole session."""
+compilation cache for the whole session; jax's in-memory caches cleared
+after each test module."""
 
 import gc
 import os
@@ -51,10 +52,10 @@ def _release_compiled_programs():
   """Frees the programs a test module compiled. jax keeps every program a
   jitted function compiles (its cache), and XLA:CPU maps each kernel's
   code, constants and data apart, so a worker's memory maps only grew:
-  one reached 46k after 531 tests, and a worker crashed in CI when it ran
-  out of the kernel's 65530 (vm.max_map_count). After jax.clear_caches
-  a later compile of the same program loads it from the session's
-  compilation cache."""
+  one reached 58k of the kernel's limit of 65530 (vm.max_map_count) by
+  the test at which a CI worker crashed; with this, at most 17k. After
+  jax.clear_caches a later compile of the same program loads it from the
+  session's compilation cache."""
   yield
   jax.clear_caches()
   gc.collect()
