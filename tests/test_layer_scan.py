@@ -10,8 +10,9 @@ import pytest
 
 from sorjax.layer_scan import (batch_major_mask, check_lengths, check_unroll,
                                previous_steps, row_products, scan_overwrite,
-                               scan_prefetch, sum_dtype, unroll_steps,
-                               valid_or, zero_padded)
+                               scan_prefetch, sum_dtype,
+                               transposed_row_products, transposed_rows,
+                               unroll_steps, valid_or, zero_padded)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -221,3 +222,62 @@ def test_row_products_sum_over_every_leading_row(dtype):
                              atol=tol)
   assert sum_dtype(jnp.bfloat16) == jnp.float32
   assert sum_dtype(jnp.float32) == jnp.float32
+
+
+@pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
+def test_transposed_row_products_sum_over_every_leading_row(dtype):
+  """The same sums from a's rows transposed once, for two products that
+  share a (as the multi-matrix layers' weight sums do), jitted and vmapped."""
+  rng = np.random.default_rng(1)
+  a, d, e = (np.asarray(jnp.asarray(rng.normal(size=s), dtype), np.float64)
+             for s in ((5, 3, 4), (5, 3, 2), (5, 3, 6)))
+  want = [np.zeros((4, n)) for n in (2, 6)]
+  for t in range(5):
+    for b in range(3):
+      want[0] += np.outer(a[t, b], d[t, b])
+      want[1] += np.outer(a[t, b], e[t, b])
+
+  @jax.jit
+  def sums(a, d, e):
+    aT = transposed_rows(a)
+    assert aT.shape == (4, 15)
+    return tuple(transposed_row_products(aT, x, dtype) for x in (d, e))
+
+  args = [jnp.asarray(x, dtype) for x in (a, d, e)]
+  tol = 1e-5 if dtype == jnp.float32 else 1e-2
+  for got, w in zip(sums(*args), want):
+    assert got.dtype == dtype and got.shape == w.shape
+    np.testing.assert_allclose(np.asarray(got, np.float64), w, rtol=tol,
+                               atol=tol)
+  batched = jax.vmap(sums)(*[jnp.stack([x, 2 * x]) for x in args])
+  for got, w in zip(batched, want):
+    np.testing.assert_allclose(np.asarray(got[1], np.float64), 4 * w,
+                               rtol=tol, atol=4 * tol)
+
+
+def test_transposed_rows_stay_transposed_in_the_compiled_products():
+  """On CPU the products read a^T from memory: no dot of the compiled sums
+  contracts its left operand along dimension 0 (the transposed-operand form
+  `row_products` gives, which XLA:CPU runs slower), and no transpose
+  remains folded into them."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("the barrier is CPU-only; other backends fold the transpose")
+  a = jnp.ones((6, 5, 8))
+  d, e = jnp.ones((6, 5, 3)), jnp.ones((6, 5, 7))
+
+  def shared(a, d, e):
+    aT = transposed_rows(a)
+    return (transposed_row_products(aT, d, a.dtype),
+            transposed_row_products(aT, e, a.dtype))
+
+  def plain(a, d, e):
+    return row_products(a, d, a.dtype), row_products(a, e, a.dtype)
+
+  def dots(f):
+    hlo = jax.jit(f).lower(a, d, e).compile().as_text()
+    return [line for line in hlo.splitlines() if " dot(" in line]
+
+  assert all("lhs_contracting_dims={0}" in x for x in dots(plain))
+  got = dots(shared)
+  assert len(got) == 2
+  assert not any("lhs_contracting_dims={0}" in x for x in got), got

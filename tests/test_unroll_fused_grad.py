@@ -323,9 +323,10 @@ def test_backward_forms_dW_in_one_matmul_not_per_step(key):
   assert per_step_dW(plain), "the check must see autodiff's accumulator"
   if key == "mm_rnn":
     # fused_mm_rnn: dW[k] = sum_t h_{t-1}^T (v_t[k] dpre_t) over all T*B
-    # rows: one dot_general per choice matrix, in a loop of K iterations
-    # (a forward scan of length K, not T).
-    each = ((T * B, H), (T * B, H), (H, H))
+    # rows: one dot_general per choice matrix, h_{t-1}'s rows transposed
+    # once (`transposed_rows`), in a loop of K iterations (a forward scan
+    # of length K, not T).
+    each = ((H, T * B), (T * B, H), (H, H))
     loops = [e for e in iter_eqns(fused) if e.primitive.name == "scan"
              and e.params["length"] == cell.num_matrices
              and each in _dots(e.params["jaxpr"].jaxpr)]
