@@ -14,7 +14,7 @@ import pytest
 import sorjax
 from sorjax import cells
 from sorjax.unroll import supports_fused_grad
-from tests.cells.reference import assert_no_bhh, intermediate_shapes, iter_eqns
+from tests.cells.reference import assert_no_bhh, iter_eqns
 
 B, T, D, H = 2, 7, 3, 5
 
