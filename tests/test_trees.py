@@ -6,7 +6,6 @@ import os
 
 import jax
 import jax.numpy as jnp
-import jax.test_util as jtu
 import numpy as np
 import pytest
 

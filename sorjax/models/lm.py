@@ -19,7 +19,6 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
-import jax.numpy as jnp
 
 from sorjax.cells import base
 from sorjax.models.stack import RecurrentTrunk

@@ -118,7 +118,7 @@ def test_assignment_lstm_equation():
   for t in range(T):  # token (b, t) runs through cell a[b, t] only
     for b in range(B):
       s = a[b, t]
-      h[b], c[b] = np_lstm_cell(xs[b, t], h[b], c[b], p["W_x"][s],
+      h[b], c[b] = np_lstm_cell(x64[b, t], h[b], c[b], p["W_x"][s],
                                 p["W_h"][s], p["b"][s])
       np.testing.assert_allclose(ys[b, t], h[b], rtol=1e-5, atol=1e-6)
   np.testing.assert_allclose(carry.c, c, rtol=1e-5, atol=1e-6)

@@ -1,5 +1,4 @@
 import glob
-import json
 import os
 
 import numpy as np

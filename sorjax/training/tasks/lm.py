@@ -66,7 +66,6 @@ class LanguageModelTask(ModelTask):
       if not isinstance(d[name], int) or d[name] < 1:
         raise ConfigError(f"data.{name} must be an int >= 1, got {d[name]!r}")
     V = len(self.vocab)
-    embedding_table = None
     self._setup_model(build_model(config.model, lambda cells: LanguageModel(
         cells=cells, vocab_size=V, tie_embedding=config.model.tie_embedding,
         tie_projection=config.model.tie_projection,
