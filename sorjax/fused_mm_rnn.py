@@ -24,7 +24,8 @@ backward and writes dz_t over it):
   the FLOPs of the generic dz_t W^T), so the dot products come from it and
   h_{t-1}. After the loop dW_n[k] = sum_t h_{t-1}^T (v_n,t[k] dpre_n,t):
   sum_n K_n matmuls over all T*B rows, the FLOPs of the generic
-  dW = sum_t h_{t-1}^T dz_t.
+  dW = sum_t h_{t-1}^T dz_t, which share one transposed copy of h_{t-1}'s
+  rows (`layer_scan.transposed_rows`).
 - The loops overwrite the batch-major precompute buffers instead of
   stacking fresh ones (`layer_scan.scan_overwrite` along axis 1). mm_rnn's
   forward writes (h_t, v_t) over (hx_t, vx_t); mm_lstm's writes its gate
@@ -120,12 +121,12 @@ def _sums(Ws, hp, vs, vp, dpre, dlog):
   [B, T, .] arrays, accumulated in at least float32.
 
   The sum K + 1 products by h_{t-1} read it transposed once
-  (`transposed_rows`; mm_rnn 1.03-1.05x at B=64 T=100 H=512 and 1.10x at B=32
-  H=256, mm_lstm 1.05x, forward + backward). The sum K matrices come from
-  a loop with one product per iteration, so one scaled copy
-  v_n,t[k] dpre_n,t is live at a time: unrolled, XLA kept several (mm_lstm
-  B=64 T=100 H=512: 267 MB of temporaries, 162 MB without these
-  products)."""
+  (`transposed_rows`; forward + backward, mm_rnn 1.03-1.05x at B=64 T=100
+  H=512 and 1.08-1.10x at B=32 T=100 H=256, mm_lstm 1.05x and 1.08x). The
+  sum K matrices come from a loop with one product per iteration, so one
+  scaled copy v_n,t[k] dpre_n,t is live at a time: unrolled, XLA kept
+  several (mm_lstm B=64 T=100 H=512: 267 MB of temporaries, 162 MB
+  without these products)."""
   dtype = Ws[0].dtype
   rows = lambda a: a.reshape(-1, a.shape[-1])  # noqa: E731
   hT = transposed_rows(hp)                                    # [H, T*B]
