@@ -1,7 +1,6 @@
 """Parameter counts against hand formulas and real `init`s; the solver
 against the papers' budgets (and Renganathan & Singh's Table 1 sizes)."""
 
-
 import jax
 import jax.numpy as jnp
 import numpy as np

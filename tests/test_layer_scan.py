@@ -257,9 +257,8 @@ def test_transposed_row_products_sum_over_every_leading_row(dtype):
 
 def test_transposed_rows_stay_transposed_in_the_compiled_products():
   """On CPU the products read a^T from memory: no dot of the compiled sums
-  contracts its left operand along dimension 0 (the transposed-operand form
-  `row_products` gives, which XLA:CPU runs slower), and no transpose
-  remains folded into them."""
+  contracts its left operand along dimension 0, the rows-contracted form
+  that `row_products` gives and XLA:CPU runs slower."""
   if jax.default_backend() != "cpu":
     pytest.skip("the barrier is CPU-only; other backends fold the transpose")
   a = jnp.ones((6, 5, 8))

@@ -1,7 +1,6 @@
 """The character-bigram LM corpus (Maupome & Meurs 4.2) is the same text as
 the character corpus, re-cut into pairs within words."""
 
-
 from sorjax.data.corpora import load_corpus
 
 
