@@ -269,15 +269,31 @@ def transposed_rows(a):
   a. XLA:CPU runs a^T d with both operands contracted along their rows
   (what `row_products` asks for) 1.06-1.5x slower than from a^T in memory
   ([6400, 512]^T x [6400, 512]: 23.4 against 17.9 ms; [6400, 512]^T x
-  [6400, 4]: 4.6 against 0.3 ms), so on CPU an optimization barrier keeps
-  XLA from folding the transpose back into each product. The pass over a
-  costs about what one product gains, so this pays only where products
+  [6400, 4]: 4.6 against 0.3 ms), so on CPU the transpose is made in
+  memory and kept from being folded back into each product. The pass over
+  a costs about what one product gains, so this pays only where products
   share a (BUILD_NOTES, "Weight sums from transposed rows"). Other
-  platforms get the plain transpose, which their dots fold."""
-  rows = a.reshape(-1, a.shape[-1])
-  return jax.lax.platform_dependent(
-      rows, cpu=lambda r: jax.lax.optimization_barrier(r.T),
-      default=lambda r: r.T)
+  platforms get the plain transpose, which their dots fold.
+
+  On CPU a's last axis goes first and the leading axes are flattened after
+  it: that reshape needs the transposed array in memory, so XLA makes it
+  in one pass. Flattened first, the 2-D transpose behind an optimization
+  barrier became a relabelling of a's layout, and XLA copied it into a^T
+  once more for every product outside the barrier's loop (three passes
+  over a in mm_rnn's backward, 25 MB more temporaries at B=64 T=100
+  H=512). With fewer than two leading axes longer than 1 there is no such
+  reshape, and only the barrier remains."""
+  m = a.shape[-1]
+  lead = tuple(n for n in a.shape[:-1] if n != 1)
+
+  def cpu(r):
+    if len(lead) < 2:
+      return jax.lax.optimization_barrier(r.reshape(-1, m).T)
+    r = jnp.moveaxis(r.reshape(*lead, m), -1, 0)           # [m, *lead]
+    return jax.lax.optimization_barrier(r.reshape(m, -1))
+
+  return jax.lax.platform_dependent(a, cpu=cpu,
+                                    default=lambda r: r.reshape(-1, m).T)
 
 
 def transposed_row_products(aT, d, dtype):

@@ -3,6 +3,8 @@
 unrolled steps), and the padding and weight-sum helpers against hand-made
 cases and NumPy loops."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -224,18 +226,21 @@ def test_row_products_sum_over_every_leading_row(dtype):
   assert sum_dtype(jnp.float32) == jnp.float32
 
 
+@pytest.mark.parametrize("lead", [(5, 3), (15,), (1, 15), (5, 1, 3)])
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_transposed_row_products_sum_over_every_leading_row(dtype):
+def test_transposed_row_products_sum_over_every_leading_row(dtype, lead):
   """The same sums from a's rows transposed once, for two products that
-  share a (as the multi-matrix layers' weight sums do), jitted and vmapped."""
+  share a (as the multi-matrix layers' weight sums do), jitted and vmapped;
+  with two leading axes, with one (the barrier alone) and with axes of
+  length 1 among them."""
   rng = np.random.default_rng(1)
-  a, d, e = (np.asarray(jnp.asarray(rng.normal(size=s), dtype), np.float64)
-             for s in ((5, 3, 4), (5, 3, 2), (5, 3, 6)))
+  a, d, e = (np.asarray(jnp.asarray(rng.normal(size=lead + (n,)), dtype),
+                        np.float64) for n in (4, 2, 6))
   want = [np.zeros((4, n)) for n in (2, 6)]
-  for t in range(5):
-    for b in range(3):
-      want[0] += np.outer(a[t, b], d[t, b])
-      want[1] += np.outer(a[t, b], e[t, b])
+  for a_r, d_r, e_r in zip(a.reshape(-1, 4), d.reshape(-1, 2),
+                           e.reshape(-1, 6)):
+    want[0] += np.outer(a_r, d_r)
+    want[1] += np.outer(a_r, e_r)
 
   @jax.jit
   def sums(a, d, e):
@@ -282,3 +287,33 @@ def test_transposed_rows_stay_transposed_in_the_compiled_products():
   got = dots(shared)
   assert len(got) == 2
   assert not any("lhs_contracting_dims={0}" in x for x in got), got
+
+
+def test_transposed_rows_are_made_in_one_pass():
+  """On CPU the compiled program forms a^T [m, R] once, although products
+  in a loop and one after it read it (the layout of `fused_mm_rnn._sums`).
+  Flattening a first and transposing the 2-D rows behind the barrier
+  compiled to three [m, R] arrays here: a copy of a under the transpose's
+  free layout, and a^T made from it once for the loop and once for the
+  other product."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("the transposed copy is CPU-only")
+  a = jnp.ones((6, 5, 8))
+  d, e = jnp.ones((6, 5, 3)), jnp.ones((6, 5, 7))
+
+  def sums(a, d, e):
+    aT = transposed_rows(a)
+
+    def one(j, acc):
+      dW = transposed_row_products(aT, d * (j + 1.0), a.dtype)
+      return jax.lax.dynamic_update_index_in_dim(acc, dW, j, 0)
+
+    dWs = jax.lax.fori_loop(0, 3, one, jnp.zeros((3, 8, 3)))
+    return dWs, transposed_row_products(aT, e, a.dtype)
+
+  hlo = jax.jit(sums).lower(a, d, e).compile().as_text()
+  entry = hlo[hlo.index("\nENTRY"):].splitlines()
+  made = [line for line in entry
+          if re.search(r"= f32\[8,30\]\{[0-9,]+\} (?!bitcast|parameter)",
+                       line)]
+  assert len(made) == 1, made
