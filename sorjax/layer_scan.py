@@ -278,10 +278,11 @@ def transposed_rows(a):
   On CPU a's last axis goes first and the leading axes are flattened after
   it: that reshape needs the transposed array in memory, so XLA makes it
   in one pass. Flattened first, the 2-D transpose behind an optimization
-  barrier became a relabelling of a's layout, and XLA copied it into a^T
-  once more for every product outside the barrier's loop (three passes
-  over a in mm_rnn's backward, 25 MB more temporaries at B=64 T=100
-  H=512). With fewer than two leading axes longer than 1 there is no such
+  barrier compiled to three passes over a in mm_rnn's backward: the
+  barrier held a plain copy of a (the transpose's layout made free), a^T
+  was made from it for the loop of products, and again from a for the
+  product after the loop (25 MB more temporaries at B=64 T=100 H=512).
+  With fewer than two leading axes longer than 1 there is no such
   reshape, and only the barrier remains."""
   m = a.shape[-1]
   lead = tuple(n for n in a.shape[:-1] if n != 1)
