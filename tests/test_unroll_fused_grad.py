@@ -335,9 +335,10 @@ def test_backward_forms_dW_in_one_matmul_not_per_step(key):
   if key == "gru":
     # fused_gru: the r and z columns of dW_h from the precompute's
     # cotangent, the n columns from the hn buffer, each one product over
-    # all T*B rows (and no [H, 3H] accumulator in the backward scan above).
+    # all T*B rows of h_{t-1} transposed once (`transposed_rows`; and no
+    # [H, 3H] accumulator in the backward scan above).
     for n in (2 * H, H):
-      assert ((T * B, H), (T * B, n), (H, n)) in _dots(fused)
+      assert ((H, T * B), (T * B, n), (H, n)) in _dots(fused)
     return
   # dW = r^T dz over all T*B rows: one dot_general outside every scan
   # (r [T*B, H] by dz [T*B, 4H] for lstm's fused_lstm layer).
