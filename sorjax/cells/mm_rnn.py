@@ -91,8 +91,9 @@ class MMRNN:
   def precompute(self, params, xs):
     base.check_input("mm_rnn", xs, params["W_hx"].shape[0])
     H, K = self.hidden_size, self.num_matrices
-    return MMRNNInputs(hx=base.affine(xs, params["W_hx"], params["b"]),
-                       vx=xs @ params["W_proj"][K + H:])
+    # One call for both: their weight gradients read x^T once.
+    hx, vx = base.input_products(xs, params["W_hx"], params["W_proj"][K + H:])
+    return MMRNNInputs(hx=hx + base.lift(params["b"], hx.ndim), vx=vx)
 
   # Split step (see sorjax.unroll): z = h_{t-1} [W[1] | .. | W[K] | W_proj's
   # h rows], then the rest; q holds W_proj's v rows.
