@@ -1,4 +1,5 @@
-"""What every cell shares: the protocol, initialisers, activations, checks.
+"""What every cell shares: the protocol, initialisers, activations, input
+products, checks.
 
 Row-vector convention throughout: `x @ W` with W shaped [in, out].
 """
@@ -10,6 +11,9 @@ from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+from jax.custom_derivatives import SymbolicZero
+
+from sorjax.layer_scan import transposed_rows
 
 Array = jax.Array
 PyTree = Any
@@ -151,8 +155,6 @@ def _input_products(xs, Ws):
 
 
 def _input_products_jvp(primals, tangents):
-  from jax.custom_derivatives import SymbolicZero
-  from sorjax.layer_scan import transposed_rows
   xs, Ws = primals
   dxs, dWs = tangents
   ys = _input_products(xs, Ws)
