@@ -260,14 +260,20 @@ def test_transposed_row_products_sum_over_every_leading_row(dtype, lead):
                                rtol=tol, atol=4 * tol)
 
 
+def _cpu_operands():
+  """a [6, 5, 8] and two right operands d, e sharing its rows, for the
+  tests of the compiled transposed rows, which are made on CPU only."""
+  if jax.default_backend() != "cpu":
+    pytest.skip("a^T is made in memory on CPU only; other backends fold "
+                "the transpose into their dots")
+  return jnp.ones((6, 5, 8)), jnp.ones((6, 5, 3)), jnp.ones((6, 5, 7))
+
+
 def test_transposed_rows_stay_transposed_in_the_compiled_products():
   """On CPU the products read a^T from memory: no dot of the compiled sums
   contracts its left operand along dimension 0, the rows-contracted form
   that `row_products` gives and XLA:CPU runs slower."""
-  if jax.default_backend() != "cpu":
-    pytest.skip("the barrier is CPU-only; other backends fold the transpose")
-  a = jnp.ones((6, 5, 8))
-  d, e = jnp.ones((6, 5, 3)), jnp.ones((6, 5, 7))
+  a, d, e = _cpu_operands()
 
   def shared(a, d, e):
     aT = transposed_rows(a)
@@ -294,12 +300,9 @@ def test_transposed_rows_are_made_in_one_pass():
   in a loop and one after it read it (the layout of `fused_mm_rnn._sums`).
   Flattening a first and transposing the 2-D rows behind the barrier
   compiled to three [m, R] arrays here: a copy of a under the transpose's
-  free layout, and a^T made from it once for the loop and once for the
-  other product."""
-  if jax.default_backend() != "cpu":
-    pytest.skip("the transposed copy is CPU-only")
-  a = jnp.ones((6, 5, 8))
-  d, e = jnp.ones((6, 5, 3)), jnp.ones((6, 5, 7))
+  free layout, a^T made from that copy for the loop, and a^T made from a
+  again for the other product."""
+  a, d, e = _cpu_operands()
 
   def sums(a, d, e):
     aT = transposed_rows(a)
