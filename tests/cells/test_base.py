@@ -111,6 +111,8 @@ def test_weight_gradients_read_x_transposed_in_memory():
   assert len(rows_contracted(_dots(grads(True), Ws))) == 2  # the contrast
   got = _dots(grads(False), Ws)
   assert len(got) == 4 and not rows_contracted(got), got
+  xT = "f32[5,30]"  # x^T: D = 5 by R = 6 * 5 rows
+  assert xT in jax.jit(grads(False)).lower(Ws).compile().as_text()
   hlo = jax.jit(lambda xs, Ws: input_products(xs, *Ws)).lower(
       xs, Ws).compile().as_text()
-  assert "f32[5,30]" not in hlo
+  assert xT not in hlo
