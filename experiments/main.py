@@ -43,6 +43,36 @@ flags.DEFINE_bool("small_loops", False,
 flags.mark_flags_as_required(["config", "workdir"])
 
 
+def _argument(argv, name: str) -> str | None:
+  """The last value argv gives flag --name (as --name=v or --name v)."""
+  value = None
+  for i, arg in enumerate(argv[1:], 1):
+    for dash in ("--", "-"):
+      if arg.startswith(f"{dash}{name}="):
+        value = arg.split("=", 1)[1]
+      elif arg == f"{dash}{name}" and i + 1 < len(argv):
+        value = argv[i + 1]
+  return value
+
+
+def parse_flags(argv):
+  """absl's parsing, with an override of a field the config lacks reported
+  as a flag error that names it (`train.unknown_override`)."""
+  try:
+    return app.parse_flags_with_usage(argv)
+  except (KeyError, AttributeError, TypeError):
+    # Raised while --config's file was being loaded with its overrides:
+    # load the file alone and find the override that names no field.
+    spec = _argument(argv, "config")
+    msg = None if spec is None else train.unknown_override(
+        FLAGS["config"].parser.parse(spec), argv)
+    if msg is None:
+      raise
+    sys.stderr.write(f"FATAL Flags parsing error: {msg}\nPass --helpshort "
+                     "or --helpfull to see help on flags.\n")
+    sys.exit(1)
+
+
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
@@ -57,4 +87,4 @@ def main(argv):
 
 if __name__ == "__main__":
   jax.config.config_with_absl()  # every JAX option as a --jax_* flag
-  app.run(main)
+  app.run(main, flags_parser=parse_flags)

@@ -3,6 +3,7 @@ write the figures the config asks for."""
 
 from __future__ import annotations
 
+import difflib
 import logging as std_logging
 import os
 
@@ -77,6 +78,36 @@ def prepare_process(host_malloc: str, whole_small_loops: bool = False,
     small_loops.compile_whole_checked("--small_loops")
     _cpu_only("--small_loops")
     logging.info("small_loops: %s", small_loops.xla_flags())
+
+
+def unknown_override(config, argv, name: str = "config") -> str | None:
+  """The first `--<name>.<path>` override in argv whose path names no field
+  of config, as an error that names the flag, the missing field and the
+  fields there; None when every override names one. ml_collections raises
+  a bare KeyError for such a path from inside absl's flag parsing, which
+  names neither the flag nor the fields."""
+  for arg in argv[1:]:
+    flag = arg.split("=", 1)[0]
+    path = next((flag[len(p):] for p in (f"--{name}.", f"-{name}.",
+                                         f"--no{name}.")
+                 if flag.startswith(p)), None)
+    if path is None:
+      continue
+    node, parts = config, path.split(".")
+    for i, part in enumerate(parts):
+      if "[" in part:  # an index into a sequence field: ml_collections' own
+        break
+      where = ".".join(parts[:i]) or "the config"
+      if not hasattr(node, "keys"):
+        return (f"flag {arg}: {where} is a {type(node).__name__}, not a "
+                f"group of fields, so it has no field {part!r}")
+      if part not in node:
+        close = difflib.get_close_matches(part, list(node.keys()), n=1)
+        hint = f"; did you mean {close[0]!r}?" if close else ""
+        return (f"flag {arg}: {where} has no field {part!r}{hint} (its "
+                f"fields: {', '.join(sorted(node.keys()))})")
+      node = node[part]
+  return None
 
 
 def validate(config) -> None:

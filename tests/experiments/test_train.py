@@ -68,6 +68,35 @@ def test_config_errors_stop_before_training(tmp_path):
                        cwd=ROOT, capture_output=True, text=True, timeout=300)
   assert res.returncode != 0
   assert "config error: config.task: unknown task 'nope'" in res.stderr
+  # an override of a field the config lacks: a flag error, not a traceback
+  res = subprocess.run(main_cmd(tmp_path / "x", "--config.train.epochs=2"),
+                       cwd=ROOT, capture_output=True, text=True, timeout=300)
+  assert res.returncode == 1 and "Traceback" not in res.stderr
+  assert ("FATAL Flags parsing error: flag --config.train.epochs=2: train has "
+          "no field 'epochs'") in res.stderr
+
+
+def test_unknown_override_names_the_flag_and_the_fields_there():
+  cfg = tiny_dyck.get_config()
+  argv = ["main", f"--config={CONFIG}", "--workdir=/tmp/w",
+          "--config.model.cell=lstm", "--config.seed", "3",
+          "--config.figures[0]=ldpa", "--jax_platforms=cpu"]
+  assert train.unknown_override(cfg, argv) is None
+  fields = ", ".join(sorted(cfg.model.keys()))
+  assert train.unknown_override(cfg, argv + ["--config.model.hiden_size=8"]) \
+      == ("flag --config.model.hiden_size=8: model has no field 'hiden_size'; "
+          f"did you mean 'hidden_size'? (its fields: {fields})")
+  # the first bad one, in the form it was given
+  msg = train.unknown_override(cfg, argv + ["--config.zzz", "1",
+                                            "--config.model.qqq=2"])
+  assert msg.startswith("flag --config.zzz: the config has no field 'zzz' "
+                        "(its fields: data, ")
+  assert train.unknown_override(cfg, argv + ["--config.model.cell.x=1"]) == (
+      "flag --config.model.cell.x=1: model.cell is a str, not a group of "
+      "fields, so it has no field 'x'")
+  assert train.unknown_override(cfg, ["main", "--other.zzz=1"]) is None
+  assert train.unknown_override(cfg, ["main", "--other.zzz=1"],
+                                name="other") is not None
 
 
 def test_jax_flags_reach_jax(tmp_path):
