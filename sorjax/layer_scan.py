@@ -174,21 +174,42 @@ def scan_overwrite(body: Callable, carry: Any, buf: Any, xs: Any,
                      axis, xs_axis)
 
 
-def check_lengths(where: str, lengths, B: int):
+def concrete(x) -> np.ndarray | None:
+  """x as a NumPy array, or None if it is traced: value checks run on
+  concrete arguments only (shapes and dtypes are checked either way)."""
+  try:
+    return np.asarray(x)
+  except (jax.errors.TracerArrayConversionError,
+          jax.errors.ConcretizationTypeError):
+    return None
+
+
+def check_lengths(where: str, lengths, B: int, T: int | None = None):
   """`lengths` as an int32 [B] array (None for None); a ValueError naming
-  it otherwise."""
+  it otherwise: a shape other than [B], a dtype other than an integer one
+  (a float length would be truncated) and, when lengths is concrete and T
+  given, a value outside [0, T] (reversed, such a length would gather
+  steps that do not exist)."""
   if lengths is None:
     return None
   lengths = jnp.asarray(lengths)
   if lengths.shape != (B,):
     raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
                      f"{lengths.shape}")
+  if not jnp.issubdtype(lengths.dtype, jnp.integer):
+    raise ValueError(f"{where}: lengths must be integers, got "
+                     f"{lengths.dtype}")
+  v = None if T is None else concrete(lengths)
+  if v is not None and ((v < 0) | (v > T)).any():
+    bad = sorted({int(n) for n in v[(v < 0) | (v > T)]})
+    raise ValueError(f"{where}: lengths must be in [0, T] = [0, {T}], got "
+                     f"{bad[:5]}")
   return lengths.astype(jnp.int32)
 
 
 def valid_steps(where: str, lengths, B: int, T: int):
   """The valid steps of `lengths` [B] as a bool [B, T] (None for None)."""
-  lengths = check_lengths(where, lengths, B)
+  lengths = check_lengths(where, lengths, B, T)
   if lengths is None:
     return None
   return jnp.arange(T, dtype=jnp.int32)[None, :] < lengths[:, None]

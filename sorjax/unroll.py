@@ -66,6 +66,8 @@ import numpy as np
 from sorjax import (fused_attention_lstm, fused_dyck_rnn, fused_gru,
                     fused_lstm, fused_mlstm, fused_mm_rnn, fused_rnn,
                     fused_tensor_rnn, layer_scan)
+from sorjax import cells
+from sorjax.cells import base
 
 Array = jax.Array
 
@@ -436,8 +438,9 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
     params: its parameters.
     xs: inputs [B, T, D].
     carry: initial carry; `cell.initial_carry(params, (B,))` when None.
-    lengths: int [B] valid lengths; steps t >= length keep the carry and
-      output zeros.
+    lengths: int [B] valid lengths in [0, T] (the range is checked when
+      lengths is concrete, not traced); steps t >= length keep the carry
+      and output zeros.
     reverse: run from the last valid step to the first (per example when
       `lengths` is given, as `flax.linen.RNN(reverse=True)`); ys stay aligned
       with xs.
@@ -469,6 +472,9 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
   """
   if xs.ndim != 3:
     raise ValueError(f"unroll: xs must be [B, T, D], got shape {xs.shape}")
+  base.check_params(f"unroll: {cells.name_of(cell)}", cell, params,
+                    xs.shape[-1],
+                    f"the last axis of xs {tuple(xs.shape)}")
   if isinstance(remat, (bool, np.bool_)):
     remat = bool(remat)
   elif remat != "dots":
@@ -487,9 +493,12 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
         f"remat; {type(cell).__name__} has no split step")
   B, T, _ = xs.shape
   per_step, scalar = _split_aux(aux, B, T)
-  lengths = layer_scan.check_lengths("unroll", lengths, B)
+  lengths = layer_scan.check_lengths("unroll", lengths, B, T)
   if carry is None:
     carry = cell.initial_carry(params, (B,))
+  else:
+    base.check_carry(f"unroll: {cells.name_of(cell)}", cell, params, carry,
+                     (B,))
 
   if reverse:
     if lengths is None:

@@ -77,3 +77,88 @@ def test_jit_with_cell_as_static_argument():
   _, ys = f(cell, p, jnp.ones((2, 5, 3)))
   assert ys.shape == (2, 5, 4)
   assert hash(cell) == hash(cells.make("lstm", hidden_size=4))
+
+
+def test_bad_lengths_are_named():
+  cell = cells.make("rnn", hidden_size=4)
+  p = cell.init(jax.random.key(0), 3)
+  xs = jnp.zeros((2, 5, 3))
+  for bad in (jnp.array([2.0, 3.0]), jnp.array([True, False])):
+    with pytest.raises(ValueError, match=f"unroll: lengths must be integers, "
+                       f"got {bad.dtype}"):
+      sorjax.unroll(cell, p, xs, lengths=bad)
+  for bad, named in (([6, 2], r"\[6\]"), ([-1, 9], r"\[-1, 9\]")):
+    with pytest.raises(ValueError, match=r"lengths must be in \[0, T\] = "
+                       rf"\[0, 5\], got {named}"):
+      sorjax.unroll(cell, p, xs, lengths=jnp.array(bad), reverse=True)
+  # the whole range is valid, as numpy ints too
+  _, ys = sorjax.unroll(cell, p, xs, lengths=np.array([0, 5], np.int64))
+  assert ys.shape == (2, 5, 4)
+  # traced lengths have no values to check: shape and dtype still are
+  step = jax.jit(lambda l: sorjax.unroll(cell, p, xs, lengths=l)[1])
+  assert step(jnp.array([5, 1])).shape == (2, 5, 4)
+  with pytest.raises(ValueError, match="lengths must be integers"):
+    step(jnp.array([5.0, 1.0]))
+
+
+def test_params_that_init_would_not_make_are_named():
+  cell = cells.make("mrnn", hidden_size=4, intermediate_size=3)
+  p = cell.init(jax.random.key(0), 2)
+  xs = jnp.zeros((2, 5, 2))
+  made = r"as MRNN.init makes them for input size 2, the last axis of xs"
+  with pytest.raises(ValueError, match=rf"unroll: mrnn: params lack \['A'\] "
+                     rf"\({made} \(2, 5, 2\): \['A'\], \['B'\], \['C'\]"):
+    sorjax.unroll(cell, {k: v for k, v in p.items() if k != "A"}, xs)
+  with pytest.raises(ValueError, match=rf"unroll: mrnn: params\['A'\] must "
+                     rf"have shape \(3, 4\) \({made} \(2, 5, 2\)\), got "
+                     rf"\(4, 3\)"):
+    sorjax.unroll(cell, {**p, "A": p["A"].T}, xs)
+  with pytest.raises(ValueError, match=r"params hold \['W'\], which MRNN "
+                     r"does not use"):
+    sorjax.unroll(cell, {**p, "W": p["A"]}, xs)
+  # params of another input size: named as such, not as a shape
+  with pytest.raises(ValueError, match=r"unroll: mrnn: inputs must have last "
+                     r"axis = the input size 2 the params were initialised "
+                     r"for; got last axis 5 \(the last axis of xs "
+                     r"\(2, 5, 5\)\)"):
+    sorjax.unroll(cell, p, jnp.zeros((2, 5, 5)))
+  # any dtype, and under vmap (replicas) each replica's shapes
+  half = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), p)
+  assert sorjax.unroll(cell, half, xs.astype(jnp.bfloat16))[1].shape == (
+      2, 5, 4)
+  stacked = jax.tree_util.tree_map(lambda a: jnp.stack([a, a]), p)
+  assert jax.vmap(lambda q: sorjax.unroll(cell, q, xs)[1])(stacked).shape == (
+      2, 2, 5, 4)
+
+
+def test_a_cell_that_is_not_hashable_is_checked_too():
+  base_cell = cells.make("rnn", hidden_size=4)
+
+  class Unhashable(type(base_cell)):
+    __hash__ = None
+
+  cell = Unhashable(hidden_size=4)
+  p = cell.init(jax.random.key(0), 3)
+  with pytest.raises(TypeError):
+    hash(cell)
+  assert sorjax.unroll(cell, p, jnp.zeros((2, 5, 3)))[1].shape == (2, 5, 4)
+  with pytest.raises(ValueError, match=r"unroll: Unhashable: params\['U'\] "
+                     r"must have shape \(3, 4\)"):
+    sorjax.unroll(cell, {**p, "U": jnp.zeros((3, 5))}, jnp.zeros((2, 5, 3)))
+
+
+def test_a_carry_unlike_initial_carry_is_named():
+  cell = cells.make("lstm", hidden_size=4)
+  p = cell.init(jax.random.key(0), 3)
+  xs = jnp.zeros((2, 5, 3))
+  z = jnp.zeros((2, 4))
+  with pytest.raises(ValueError, match=r"unroll: lstm: carry must be a "
+                     r"LSTMCarry with entries .h, .c; got a tuple with "
+                     r"\[0\], \[1\]"):
+    sorjax.unroll(cell, p, xs, carry=(z, z))
+  with pytest.raises(ValueError, match=r"unroll: lstm: carry.c must have "
+                     r"shape \(2, 4\) for batch shape \(2,\), got \(3, 4\)"):
+    sorjax.unroll(cell, p, xs, carry=cell.initial_carry(p, (2,))._replace(
+        c=jnp.zeros((3, 4))))
+  carry, _ = sorjax.unroll(cell, p, xs)
+  assert sorjax.unroll(cell, p, xs, carry=carry)[1].shape == (2, 5, 4)

@@ -59,6 +59,15 @@ def cell_class(name: str) -> type:
   return getattr(importlib.import_module(f"sorjax.cells.{module}"), cls)
 
 
+def name_of(cell: Cell) -> str:
+  """The name `cell`'s class is registered under (its class name if none)."""
+  cls = type(cell)
+  for name, (module, cls_name) in _REGISTRY.items():
+    if (cls.__name__, cls.__module__) == (cls_name, f"sorjax.cells.{module}"):
+      return name
+  return cls.__name__
+
+
 def make(name: str, **hyperparameters: Any) -> Cell:
   """Creates the cell registered under `name` with the given hyperparameters."""
   cls = cell_class(name)
@@ -68,5 +77,5 @@ def make(name: str, **hyperparameters: Any) -> Cell:
     raise TypeError(f"cell {name!r}: {e}") from None
 
 
-__all__ = ["Cell", "TREE_CELLS", "cell_class", "make", "names",
+__all__ = ["Cell", "TREE_CELLS", "cell_class", "make", "name_of", "names",
            "sequence_names"]

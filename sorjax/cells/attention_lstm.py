@@ -38,6 +38,7 @@ import numpy as np
 
 from sorjax.cells import base
 from sorjax.cells.lstm import lstm_update
+from sorjax.layer_scan import concrete
 
 
 class SecondOrderInputs(NamedTuple):
@@ -79,15 +80,6 @@ def per_cell(z, num_cells: int) -> jax.Array:
 def mix_cells(alpha, z) -> jax.Array:
   """sum_s alpha[s] z[s]: [..., S] x [..., S, N] -> [..., N]."""
   return jnp.einsum("...s,...sn->...n", alpha, z)
-
-
-def _concrete(x) -> np.ndarray | None:
-  """x as a NumPy array, or None if it is traced (checks happen only then)."""
-  try:
-    return np.asarray(x)
-  except (jax.errors.TracerArrayConversionError,
-          jax.errors.ConcretizationTypeError):
-    return None
 
 
 def _check_cells(cell: str, hidden_size, num_cells) -> None:
@@ -165,7 +157,7 @@ class AttentionLSTM(_SplitStep):
     base.check_input("attention_lstm", xs, params["V"].shape[0])
     e = xs @ params["V"]                                           # eq. (a)
     tau = jnp.asarray(temperature)
-    t = _concrete(tau)
+    t = concrete(tau)
     if t is not None and not (np.all(np.isfinite(t)) and np.all(t > 0)):
       raise ValueError(
           f"attention_lstm: temperature must be finite and > 0, got {t}")
@@ -249,7 +241,7 @@ class AssignmentLSTM(_SplitStep):
           f"assignment_lstm: assignment must have one index per token, shape "
           f"{tuple(batch_shape)}; got {tuple(a.shape)}")
     S = self.num_cells
-    v = _concrete(a)
+    v = concrete(a)
     if v is not None and v.size and (v.min() < 0 or v.max() >= S):
       raise ValueError(
           f"assignment_lstm: assignment indices must be in [0, {S}) "

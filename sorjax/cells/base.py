@@ -6,6 +6,7 @@ Row-vector convention throughout: `x @ W` with W shaped [in, out].
 
 from __future__ import annotations
 
+import functools
 import math
 from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
@@ -59,6 +60,97 @@ def check_choice(cell: str, name: str, value: Any, choices: tuple) -> None:
   if value not in choices:
     raise ValueError(
         f"{cell}: {name} must be one of {choices}, got {value!r}")
+
+
+def check_params(where: str, cell: Cell, params: PyTree, input_size: int,
+                 source: str = "") -> None:
+  """Trace-time check that params have the entries and shapes
+  `cell.init(key, input_size)` makes (any dtype): a ValueError that names
+  the first missing, unexpected or misshapen entry, where the cell's
+  arithmetic would fail later with an anonymous shape error, or, for a
+  missing entry, a bare KeyError. source says where input_size came from."""
+  want, got = _init_shapes(cell, input_size), _shapes(params)
+  made = (f"as {type(cell).__name__}.init makes them for input size "
+          f"{input_size}{f', {source}' if source else ''}")
+  if got != want:
+    d = _input_size_of(cell, got, input_size)
+    if d is not None:  # params for another input size: say so, as check_input
+      raise ValueError(
+          f"{where}: inputs must have last axis = the input size {d} the "
+          f"params were initialised for; got last axis {input_size}"
+          f"{f' ({source})' if source else ''}")
+  for k, shape in want.items():
+    if k not in got:
+      raise ValueError(f"{where}: params lack {k} ({made}: "
+                       f"{', '.join(want)})")
+    if got[k] != shape:
+      raise ValueError(f"{where}: params{k} must have shape {shape} "
+                       f"({made}), got {got[k]}")
+  extra = [k for k in got if k not in want]
+  if extra:
+    raise ValueError(f"{where}: params hold {', '.join(extra)}, which "
+                     f"{type(cell).__name__} does not use ({made}: "
+                     f"{', '.join(want)})")
+
+
+def check_carry(where: str, cell: Cell, params: PyTree, carry: PyTree,
+                batch_shape: tuple[int, ...]) -> None:
+  """Trace-time check that carry has the structure and shapes of
+  `cell.initial_carry(params, batch_shape)` (any dtype): a ValueError that
+  names the first entry that differs, where the step would fail with an
+  anonymous broadcasting error."""
+  initial = jax.eval_shape(lambda p: cell.initial_carry(p, batch_shape),
+                           params)
+  want, got = _shapes(initial), _shapes(carry)
+  if got == want:
+    return
+  if list(got) != list(want):
+    raise ValueError(
+        f"{where}: carry must be a {type(initial).__name__} with entries "
+        f"{', '.join(want)}; got a {type(carry).__name__} with "
+        f"{', '.join(got) or 'none'}")
+  k = next(k for k in want if got[k] != want[k])
+  raise ValueError(f"{where}: carry{k} must have shape {want[k]} for batch "
+                   f"shape {tuple(batch_shape)}, got {got[k]}")
+
+
+def _shapes(tree: PyTree) -> dict[str, tuple]:
+  """{key path: shape} of a pytree's leaves."""
+  return {jax.tree_util.keystr(k): tuple(jnp.shape(v)) for k, v in
+          jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
+def _input_size_of(cell: Cell, got: dict, input_size: int) -> int | None:
+  """The input size d != input_size whose `cell.init` makes exactly the
+  shapes got, if there is one: read off the first entry whose shape grows
+  with the input size (linearly, as every cell's does)."""
+  a, b = _init_shapes(cell, input_size), _init_shapes(cell, input_size + 1)
+  for k in a:
+    if a[k] != b[k] and k in got and len(got[k]) == len(a[k]):
+      i = next(i for i, (p, q) in enumerate(zip(a[k], b[k])) if p != q)
+      steps, rest = divmod(got[k][i] - a[k][i], b[k][i] - a[k][i])
+      d = input_size + steps
+      if rest == 0 and d >= 1 and d != input_size and (
+          _init_shapes(cell, d) == got):
+        return d
+      return None
+  return None
+
+
+def _init_shapes(cell: Cell, input_size: int) -> dict[str, tuple]:
+  """{key path: shape} of cell.init(key, input_size), traced, not run
+  (once per cell and size; every call for a cell that is not hashable)."""
+  try:
+    hash(cell)
+  except TypeError:
+    return _init_shapes_of.__wrapped__(cell, input_size)
+  return _init_shapes_of(cell, input_size)
+
+
+@functools.lru_cache(maxsize=256)
+def _init_shapes_of(cell: Cell, input_size: int) -> dict[str, tuple]:
+  return _shapes(jax.eval_shape(
+      lambda: cell.init(jax.random.key(0), input_size)))
 
 
 def check_input(cell: str, xs: Array, input_size: int) -> None:
