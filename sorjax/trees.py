@@ -33,6 +33,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sorjax import cells
+from sorjax.cells import base
+
 Word = Union[str, int]
 
 
@@ -568,6 +571,10 @@ def run(cell, params, leaf_inputs: jax.Array, schedule: Schedule, *,
     raise ValueError(
         f"run: leaf_inputs must be [B, L, D] = [{B}, {L}, D] like "
         f"schedule.tokens; got shape {tuple(leaf_inputs.shape)}")
+  # A tree cell's input size is its hidden size (`sorjax.cells.tree`);
+  # `cell.leaf` names leaf inputs of another size.
+  base.check_params(f"run: {cells.name_of(cell)}", cell, params,
+                    cell.hidden_size)
   leaf_mask = jnp.asarray(schedule.leaf_mask)[..., None]
 
   def slots(a):  # [B, L, H] leaf states -> [B * N, H] slots, zero elsewhere

@@ -3,6 +3,7 @@
 import functools
 import gzip
 import os
+import re
 
 import jax
 import jax.numpy as jnp
@@ -624,3 +625,17 @@ def test_run_rejects_misshapen_leaf_inputs(setup):
     trees.run(cell, params, x[:, :6], s)
   with pytest.raises(ValueError, match="word vectors of size hidden_size=4"):
     trees.run(cell, params, jnp.zeros(x.shape[:2] + (3,)), s)
+
+
+def test_run_names_params_init_would_not_make(setup):
+  _, cell, params, s, x = setup
+  name, first = sorjax.cells.name_of(cell), sorted(params)[0]
+  with pytest.raises(ValueError, match=rf"run: {name}: params lack "
+                     rf"\['{first}'\] \(as {type(cell).__name__}.init makes "
+                     r"them for input size 4: "):
+    trees.run(cell, {k: v for k, v in params.items() if k != first}, x, s)
+  shape = params[first].shape
+  with pytest.raises(ValueError, match=rf"run: {name}: params\['{first}'\] "
+                     rf"must have shape {re.escape(str(shape))} .*, got "
+                     r"\(3, 3\)"):
+    trees.run(cell, {**params, first: jnp.zeros((3, 3))}, x, s)

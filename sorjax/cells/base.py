@@ -123,8 +123,12 @@ def _shapes(tree: PyTree) -> dict[str, tuple]:
 def _input_size_of(cell: Cell, got: dict, input_size: int) -> int | None:
   """The input size d != input_size whose `cell.init` makes exactly the
   shapes got, if there is one: read off the first entry whose shape grows
-  with the input size (linearly, as every cell's does)."""
-  a, b = _init_shapes(cell, input_size), _init_shapes(cell, input_size + 1)
+  with the input size (linearly, as every cell's does). None also for
+  cells whose init takes one input size only (the tree cells')."""
+  try:
+    a, b = _init_shapes(cell, input_size), _init_shapes(cell, input_size + 1)
+  except ValueError:
+    return None
   for k in a:
     if a[k] != b[k] and k in got and len(got[k]) == len(a[k]):
       i = next(i for i, (p, q) in enumerate(zip(a[k], b[k])) if p != q)
