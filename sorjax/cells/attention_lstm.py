@@ -103,8 +103,7 @@ class _SplitStep:
     return carry.h
 
   def step(self, params, carry, xp):
-    W, q = self.split(params)
-    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
+    return base.split_step(self, params, carry, xp)
 
 
 def _mixed_gates_post(num_cells, carry, xp, z, forget_bias):

@@ -211,6 +211,37 @@ class LSTMCarry(NamedTuple):
   c: Array
 
 
+# ---------------------------------------------------------------- steps
+
+def split_step(cell: Cell, params: PyTree, carry: PyTree, xp: PyTree
+               ) -> tuple[PyTree, Array]:
+  """`step` of a cell with a split step (`sorjax.unroll`'s module doc):
+  post(q, carry, xp, r_{t-1} W) with (W, q) = split(params) and r_{t-1} =
+  recurrent_input(carry), its new carry checked by `check_step`."""
+  W, q = cell.split(params)
+  return check_step(cell, carry, xp,
+                    cell.post(q, carry, xp, cell.recurrent_input(carry) @ W))
+
+
+def check_step(cell: Cell, carry: PyTree, xp: PyTree, out):
+  """out = (new carry, y) of one step of cell, once a trace-time check
+  finds the new carry shaped as carry. The one way it is not: an xp of
+  another shape than one step's ([B, T, ..] of a whole sequence, or of
+  another batch), which broadcasts against the carry into a result of
+  another shape, silently where T = B."""
+  want, got = _shapes(carry), _shapes(out[0])
+  if got != want:
+    from sorjax.cells import name_of  # the registry imports this module
+    show = lambda d: ", ".join(  # noqa: E731
+        f"{k} {v}".strip() for k, v in d.items())
+    batch = next(iter(want.values()))[:-1]
+    raise ValueError(
+        f"{name_of(cell)}.step: xp must be one step's input terms, for the "
+        f"carry's batch shape {batch}: the carry ({show(want)}) became "
+        f"({show(got)}) with xp ({show(_shapes(xp))})")
+  return out
+
+
 # ---------------------------------------------------------------- algebra
 
 def lift(v: Array, ndim: int) -> Array:

@@ -124,4 +124,4 @@ class DyckRNN:
   def step(self, params, carry, xp):
     h = carry.h
     h = xp.g * push(h) + (1 - xp.g) * pop(h) + xp.u                 # eq. 4-5
-    return base.HCarry(h), h
+    return base.check_step(self, carry, xp, (base.HCarry(h), h))

@@ -116,8 +116,8 @@ class General2:
                             self.second_input(q, carry, xp, hCE) @ q["A"])
 
   def step(self, params, carry, xp):
-    W, q = self.split(params)  # C h_{t-1} and E h_{t-1} in one matmul
-    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
+    # split's W: C h_{t-1} and E h_{t-1} in one matmul
+    return base.split_step(self, params, carry, xp)
 
 
 @dataclasses.dataclass(frozen=True)

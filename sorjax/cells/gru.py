@@ -74,5 +74,5 @@ class GRU:
     return base.HCarry(h), h
 
   def step(self, params, carry, xp):
-    W, q = self.split(params)  # the one recurrent matmul: r, z, n together
-    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
+    # split's W: the one recurrent matmul: r, z, n together
+    return base.split_step(self, params, carry, xp)

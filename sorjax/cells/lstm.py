@@ -63,5 +63,4 @@ class LSTM:
     return new, new.h
 
   def step(self, params, carry, xp):
-    W, q = self.split(params)
-    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
+    return base.split_step(self, params, carry, xp)

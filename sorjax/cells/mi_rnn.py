@@ -88,5 +88,5 @@ class MIRNN:
     return base.HCarry(h), h
 
   def step(self, params, carry, xp):
-    W, q = self.split(params)  # W h_{t-1}, the one recurrent matmul
-    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
+    # split's W: W h_{t-1}, the one recurrent matmul
+    return base.split_step(self, params, carry, xp)

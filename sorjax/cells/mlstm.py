@@ -109,5 +109,4 @@ class MLSTM:
                             self.second_input(q, carry, xp, hW_mh) @ q["W_m"])
 
   def step(self, params, carry, xp):
-    W, q = self.split(params)
-    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
+    return base.split_step(self, params, carry, xp)

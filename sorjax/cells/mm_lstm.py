@@ -162,5 +162,5 @@ class MMLSTM:
     return MMLSTMCarry(h, c, *v), h
 
   def step(self, params, carry, xp):
-    W, q = self.split(params)  # the one recurrent matmul, all gates
-    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
+    # split's W: the one recurrent matmul, all gates
+    return base.split_step(self, params, carry, xp)

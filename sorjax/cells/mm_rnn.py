@@ -112,5 +112,5 @@ class MMRNN:
     return MMRNNCarry(h, v), h
 
   def step(self, params, carry, xp):
-    W, q = self.split(params)  # [H, K*H + K]: eq. 6 and 8 in one matmul
-    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
+    # split's W: [H, K*H + K]: eq. 6 and 8 in one matmul
+    return base.split_step(self, params, carry, xp)

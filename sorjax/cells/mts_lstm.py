@@ -223,5 +223,4 @@ class MTSLSTM:
     return new, new.h
 
   def step(self, params, carry, xp):
-    W, q = self.split(params)
-    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
+    return base.split_step(self, params, carry, xp)

@@ -54,5 +54,4 @@ class RNN:
     return base.HCarry(h), h
 
   def step(self, params, carry, xp):
-    W, q = self.split(params)
-    return self.post(q, carry, xp, self.recurrent_input(carry) @ W)
+    return base.split_step(self, params, carry, xp)

@@ -78,5 +78,4 @@ class TensorRNN:
     return base.HCarry(h), h
 
   def step(self, params, carry, x):
-    W, q = self.split(params)
-    return self.post(q, carry, x, self.recurrent_input(carry) @ W)
+    return base.split_step(self, params, carry, x)

@@ -91,6 +91,24 @@ def test_scan_equals_python_loop(name):
 
 
 @pytest.mark.parametrize("name", SEQ)
+def test_step_refuses_the_input_terms_of_a_whole_sequence(name):
+  """A whole sequence's xp, [B, T, ..] with T = B, broadcasts against the
+  carry under JAX's default rank promotion into a [B, B, H] state: step
+  names the mistake instead."""
+  cell, params, xs, aux = setup(name)
+  seq = {k: (v[:, :B] if jnp.ndim(v) >= 2 else v) for k, v in aux.items()}
+  xp = cell.precompute(params, xs[:, :B], **seq)
+  carry = cell.initial_carry(params, (B,))
+  with jax.numpy_rank_promotion("allow"), pytest.raises(
+      ValueError, match=rf"{name}.step: xp must be one step's input terms, "
+      rf"for the carry's batch shape \({B},\): the carry \(.h \({B}, "):
+    cell.step(params, carry, xp)
+  new, y = cell.step(params, carry,
+                     cell.precompute(params, xs[:, 0], **aux_at(aux, t=0)))
+  assert y.shape == (B, cell.hidden_size)
+
+
+@pytest.mark.parametrize("name", SEQ)
 @pytest.mark.parametrize("hoist,remat,unroll_n", [(False, False, 1),
                                                   (True, True, 3)])
 def test_hoist_remat_unroll_do_not_change_results(name, hoist, remat,
