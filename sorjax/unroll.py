@@ -63,10 +63,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sorjax import (fused_attention_lstm, fused_dyck_rnn, fused_gru,
+from sorjax import (cells, fused_attention_lstm, fused_dyck_rnn, fused_gru,
                     fused_lstm, fused_mlstm, fused_mm_rnn, fused_rnn,
                     fused_tensor_rnn, layer_scan)
-from sorjax import cells
 from sorjax.cells import base
 
 Array = jax.Array
