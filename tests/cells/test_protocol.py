@@ -106,6 +106,8 @@ def test_step_refuses_the_input_terms_of_a_whole_sequence(name):
   new, y = cell.step(params, carry,
                      cell.precompute(params, xs[:, 0], **aux_at(aux, t=0)))
   assert y.shape == (B, cell.hidden_size)
+  shapes = lambda c: jax.tree_util.tree_map(jnp.shape, c)  # noqa: E731
+  assert shapes(new) == shapes(carry)
 
 
 @pytest.mark.parametrize("name", SEQ)
