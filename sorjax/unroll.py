@@ -564,6 +564,9 @@ def unroll_layers(cells: Sequence[Any], params: Sequence[Any], xs: Array,
         f"unroll_layers: {len(cells)} cells but {len(params)} param sets")
   if carries is None:
     carries = (None,) * len(cells)
+  elif len(carries) != len(cells):  # zip would drop the layers past them
+    raise ValueError(f"unroll_layers: {len(cells)} cells but {len(carries)} "
+                     f"carries (None for a layer's initial carry)")
   unused = set(aux)
   new_carries = []
   for l, (cell, p, c) in enumerate(zip(cells, params, carries)):

@@ -26,6 +26,15 @@ def test_stack_of_different_cells_equals_chained_unrolls():
       h = 2.0 * h
   np.testing.assert_allclose(ys, h, rtol=1e-6)
   assert ys.shape == (2, 7, 3)
+  # one carry per layer: fewer would have dropped the layers past them
+  again, _ = sorjax.unroll_layers(stack, params, xs, carries,
+                                  lengths=lengths)
+  assert len(again) == 3
+  with pytest.raises(ValueError, match=r"unroll_layers: 3 cells but 2 "
+                     r"carries"):
+    sorjax.unroll_layers(stack, params, xs, carries[:2])
+  with pytest.raises(ValueError, match="3 cells but 2 param sets"):
+    sorjax.unroll_layers(stack, params[:2], xs)
 
 
 def test_reverse_without_lengths_is_flip_in_flip_out():
