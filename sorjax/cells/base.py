@@ -75,10 +75,8 @@ def check_params(where: str, cell: Cell, params: PyTree, input_size: int,
   if got != want:
     d = _input_size_of(cell, got, input_size)
     if d is not None:  # params for another input size: say so, as check_input
-      raise ValueError(
-          f"{where}: inputs must have last axis = the input size {d} the "
-          f"params were initialised for; got last axis {input_size}"
-          f"{f' ({source})' if source else ''}")
+      raise _wrong_input_size(where, d, input_size,
+                              f" ({source})" if source else "")
   for k, shape in want.items():
     if k not in got:
       raise ValueError(f"{where}: params lack {k} ({made}: "
@@ -160,10 +158,17 @@ def _init_shapes_of(cell: Cell, input_size: int) -> dict[str, tuple]:
 def check_input(cell: str, xs: Array, input_size: int) -> None:
   """Trace-time shape check of the last axis of an input."""
   if xs.ndim < 1 or xs.shape[-1] != input_size:
-    raise ValueError(
-        f"{cell}: inputs must have last axis = the input size {input_size} "
-        f"the params were initialised for; got last axis "
-        f"{xs.shape[-1] if xs.ndim else None} (shape {tuple(xs.shape)})")
+    raise _wrong_input_size(cell, input_size,
+                            xs.shape[-1] if xs.ndim else None,
+                            f" (shape {tuple(xs.shape)})")
+
+
+def _wrong_input_size(where: str, input_size: int, got, detail: str
+                      ) -> ValueError:
+  """The error of inputs whose last axis is not the params' input size."""
+  return ValueError(
+      f"{where}: inputs must have last axis = the input size {input_size} "
+      f"the params were initialised for; got last axis {got}{detail}")
 
 
 # ---------------------------------------------------------------- activations
