@@ -48,6 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sorjax.cells import base
+from sorjax.layer_scan import concrete
 from sorjax.models.constant import constant
 from sorjax.unroll import unroll_layers
 
@@ -263,6 +264,15 @@ class RecurrentTrunk(nn.Module):
     if tokens.ndim != 2 or not jnp.issubdtype(tokens.dtype, jnp.integer):
       raise self._error(
           f"tokens must be int [B, T], got {tokens.dtype} {tokens.shape}")
+    # Out-of-range ids would embed as NaN (learned: a clamped gather's
+    # fill), another row (a negative id wraps) or zeros (one_hot). Concrete
+    # tokens are checked; traced ones (inside jit) cannot be.
+    v = concrete(tokens)
+    if v is not None and v.size and (v.min() < 0 or v.max() >= self.vocab_size):
+      bad = np.argwhere((v < 0) | (v >= self.vocab_size))[0]
+      raise self._error(
+          f"token ids must be in [0, vocab_size={self.vocab_size}), got "
+          f"{int(v[tuple(bad)])} at tokens[{bad[0]}, {bad[1]}]")
     if lengths is not None and jnp.shape(lengths) != tokens.shape[:1]:
       raise self._error(
           f"lengths must have shape [B] = [{tokens.shape[0]}], got "

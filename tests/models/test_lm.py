@@ -1,6 +1,8 @@
 """LanguageModel and DyckModel: NumPy references, training, tying, frozen
 and fixed embeddings, locked dropout masks, carried state, heads, errors."""
 
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -490,6 +492,16 @@ def test_bad_inputs_are_named():
     model.apply(variables, toks, lengths=jnp.array([1, 2, 3]))
   with pytest.raises(ValueError, match="one carry per layer"):
     model.apply(variables, toks, (None, None))
+  # An id outside [0, V) would embed as NaN (the table's gather fill) or,
+  # negative, as another word's row.
+  for bad, where in ((V, "tokens[1, 2]"), (-1, "tokens[1, 2]")):
+    with pytest.raises(ValueError, match=rf"got {bad} at {re.escape(where)}"):
+      model.apply(variables, toks.at[1, 2].set(bad))
+  one_hot = LanguageModel([make("rnn", hidden_size=5)], vocab_size=V,
+                          embedding="one_hot")
+  with pytest.raises(ValueError, match=r"in \[0, vocab_size=7\)"):
+    one_hot.init(KEY, toks.at[0, 0].set(V))
+  jax.jit(model.apply)(variables, toks)  # traced tokens: nothing to check
   with pytest.raises(ValueError, match=r"shape \[vocab_size=7, E\]"):
     LanguageModel([make("rnn", hidden_size=5)], vocab_size=V,
                   embedding="frozen", embedding_table=np.zeros((6, 3)))
