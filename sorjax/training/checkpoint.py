@@ -73,6 +73,9 @@ class Checkpointer:
   def best_step(self) -> int | None:
     return self._best.latest_step()
 
+  def _steps(self) -> list[int]:
+    return sorted(set(self._latest.all_steps()) | set(self._best.all_steps()))
+
   def _resolve(self, step):
     if step == "latest":
       s = self.latest_step()
@@ -86,8 +89,7 @@ class Checkpointer:
               self._best if step in self._best.all_steps() else None)
     else:
       raise ValueError(f"step must be 'latest', 'best' or an int, got {step!r}")
-    available = sorted(set(self._latest.all_steps()) |
-                       set(self._best.all_steps()))
+    available = self._steps()
     if s is None or mngr is None:
       raise FileNotFoundError(
           f"no checkpoint {step!r} in {self.workdir} (available steps: "
@@ -104,8 +106,34 @@ class Checkpointer:
     """(step, state, meta); `target` gives the state's structure, shapes,
     dtypes and shardings (arrays or jax.ShapeDtypeStruct)."""
     mngr, s = self._resolve(step)
+    where = os.path.join(str(mngr.directory), str(s))
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, target)
-    out = mngr.restore(s, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract),
-        meta=ocp.args.JsonRestore()))
+    try:
+      out = mngr.restore(s, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract),
+          meta=ocp.args.JsonRestore()))
+    except (KeyError, ValueError, OSError) as e:
+      # orbax names a missing item, tensorstore a missing or short file
+      # (after a ~1 KB spec); neither says which checkpoint.
+      reason = (e.args[0] if isinstance(e, KeyError) and e.args else str(e))
+      reason = str(reason).split(" [tensorstore_spec=")[0][:300]
+      if "not compatible with the stored shape" in reason:
+        raise self._other_shapes(where, reason.split(". Truncating")[0])
+      others = [t for t in self._steps() if t != s]
+      raise ValueError(
+          f"checkpoint {where} cannot be read; it is incomplete or damaged "
+          f"({reason}). Other steps: {others or 'none'} (restore one of "
+          "them, or delete this one to resume training from them)") from None
+    wrong = [f"{jax.tree_util.keystr(k)} {tuple(g.shape)} (expected "
+             f"{tuple(w.shape)})" for (k, g), w in zip(
+                 jax.tree_util.tree_leaves_with_path(out["state"]),
+                 jax.tree_util.tree_leaves(abstract)) if g.shape != w.shape]
+    if wrong:  # an abstract target without shardings restores any shape
+      raise self._other_shapes(where, "; ".join(wrong[:4]))
     return s, out["state"], out["meta"]
+
+  def _other_shapes(self, where: str, detail: str) -> ValueError:
+    return ValueError(
+        f"checkpoint {where} holds arrays of other shapes than the config "
+        f"makes ({self.workdir}/config.json): {detail}. The config is not "
+        "the one this run was trained with")

@@ -60,6 +60,64 @@ def _to_dict(cfg) -> dict:
   return cfg.to_dict() if hasattr(cfg, "to_dict") else dict(cfg)
 
 
+# What a resumed run may change in its config: how long it trains and how it
+# logs and checkpoints (train.*), the figures drawn after it, and options
+# that change speed or memory but not the model or its updates. Anything
+# else would continue the saved weights as another model or another run.
+RESUMABLE = ("train", "figures", "replica_batch_size", "model.remat",
+             "model.unroll", "model.hoist", "model.fused_grad")
+
+
+def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+  if not isinstance(d, dict):
+    return {prefix: d}
+  out = {}
+  for k, v in d.items():
+    out.update(_flat(v, f"{prefix}.{k}" if prefix else k))
+  return out
+
+
+def config_changes(saved: dict, given: dict) -> list[str]:
+  """The fields, outside RESUMABLE, whose values differ between the saved
+  config and the given one, as 'path: saved -> given'."""
+  a = _flat(saved)
+  b = _flat(json.loads(json.dumps(given)))  # tuples as the saved lists
+  absent = "(absent)"
+  out = []
+  for path in sorted(set(a) | set(b)):
+    if any(path == r or path.startswith(r + ".") for r in RESUMABLE):
+      continue
+    if a.get(path, absent) != b.get(path, absent):
+      out.append(f"{path}: {a.get(path, absent)!r} -> {b.get(path, absent)!r}")
+  return out
+
+
+def check_resumable(workdir: str, config) -> None:
+  """Refuses to resume the checkpoints in `workdir` with a config that
+  differs from the one they were trained with (its config.json), naming
+  the fields; ConfigError before anything is written."""
+  from sorjax.training.tasks.common import ConfigError
+  path = os.path.join(workdir, "config.json")
+  if not os.path.exists(path):
+    return
+  try:
+    with open(path) as f:
+      saved = json.load(f)
+  except (OSError, ValueError) as e:
+    raise ConfigError(f"{path}: cannot read the config this run was trained "
+                      f"with ({e}); its checkpoints cannot be resumed "
+                      "safely") from None
+  changes = config_changes(saved, _to_dict(config))
+  if changes:
+    shown = "; ".join(changes[:8]) + (
+        f"; and {len(changes) - 8} more" if len(changes) > 8 else "")
+    raise ConfigError(
+        f"{workdir} holds checkpoints trained with another config ({path}): "
+        f"{shown} (saved -> given). Resuming would continue those weights "
+        "under the new values. Give the saved values, or train in a new "
+        f"--workdir; only {', '.join(RESUMABLE)} may change on resume")
+
+
 # The default group of vmapped replicas: as many as keep rows * width (batch
 # rows times the cells' state width, summed over layers) within this many
 # elements, at least one. Whole training steps of the paper configs, 20
@@ -247,12 +305,18 @@ class Trainer:
     cfg, task = self.config, self.task
     tcfg = cfg.train
     os.makedirs(self.workdir, exist_ok=True)
+    ckpt = Checkpointer(self.workdir, keep=tcfg.keep_checkpoints)
+    if ckpt.latest_step() is not None:
+      try:
+        check_resumable(self.workdir, cfg)
+      except Exception:
+        ckpt.close()
+        raise
     with open(os.path.join(self.workdir, "config.json"), "w") as f:
       json.dump(_to_dict(cfg), f, indent=2, sort_keys=True)
     if task.vocab is not None and hasattr(task.vocab, "save"):
       task.vocab.save(os.path.join(self.workdir, "vocab.json"))
 
-    ckpt = Checkpointer(self.workdir, keep=tcfg.keep_checkpoints)
     state = self.init_state()
     meta = {"epoch": 0, "position": None, "stopped_early": False,
             "early": [None] * self.R, "plateau": None,

@@ -1,3 +1,5 @@
+import re
+
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -40,3 +42,32 @@ def test_missing_checkpoints_are_reported(tmp_path):
     ck.restore(state(0), 3)
   with pytest.raises(ValueError, match="step must be"):
     ck.restore(state(0), "newest")
+
+
+def test_damaged_checkpoint_is_named_with_the_other_steps(tmp_path):
+  import shutil
+  ck = Checkpointer(str(tmp_path))
+  for s in (1, 2):
+    ck.save(s, state(s), {"epoch": s})
+  ck.wait()
+  ck.close()
+  shutil.rmtree(tmp_path / "checkpoints" / "2" / "meta")
+  ck = Checkpointer(str(tmp_path), read_only=True)
+  where = str(tmp_path / "checkpoints" / "2")
+  with pytest.raises(ValueError, match=(
+      rf"checkpoint {where} cannot be read; it is incomplete or damaged "
+      r"\(Item \"meta\" was not found.*Other steps: \[1\]")):
+    ck.restore(state(0), "latest")
+  assert ck.restore(state(0), 1)[0] == 1
+
+
+def test_arrays_of_other_shapes_than_the_target_are_refused(tmp_path):
+  """A config edited after training builds a target of other shapes; the
+  restored arrays must not come back silently in the stored shapes."""
+  ck = Checkpointer(str(tmp_path))
+  ck.save(1, state(1), {})
+  ck.wait()
+  other = {"params": {"w": jnp.zeros((4,), jnp.float32)}, "step": jnp.int32(0)}
+  with pytest.raises(ValueError, match=re.escape(
+      "holds arrays of other shapes than the config makes")):
+    ck.restore(other, "latest")

@@ -110,6 +110,42 @@ def test_rerun_resumes_to_the_same_parameters(tmp_path):
   assert steps == sorted(set(steps))          # no duplicated records
 
 
+def test_rerun_with_another_config_is_refused_before_anything_is_written(
+    tmp_path):
+  """Resuming checkpoints under changed model or optimiser fields would
+  continue the weights as another run: refused, naming the fields, and
+  config.json keeps the values they were trained with."""
+  from sorjax.training.tasks.common import ConfigError
+  run(tmp_path, train={"max_steps": 4})
+  saved = (tmp_path / "config.json").read_text()
+  config = toy_config(max_steps=4)
+  config.optim.learning_rate, config.seed = 0.5, 3
+  with pytest.raises(ConfigError, match=re.escape(
+      "optim.learning_rate: 0.05 -> 0.5; seed: 0 -> 3 (saved -> given)")):
+    Trainer(ToyTask(), config, str(tmp_path)).run()
+  assert (tmp_path / "config.json").read_text() == saved
+  # How long it trains, how it logs and the replica grouping may change.
+  state = run(tmp_path, train={"max_steps": 6, "log_every": 1},
+              replica_batch_size=1)
+  assert int(state.step[0]) == 6
+  assert json.load(open(tmp_path / "config.json"))["train"]["max_steps"] == 6
+  # Before any checkpoint, a config.json is only a record: replaced.
+  (tmp_path / "fresh").mkdir()
+  (tmp_path / "fresh" / "config.json").write_text('{"seed": 9}')
+  run(tmp_path / "fresh", train={"max_steps": 1})
+  assert json.load(open(tmp_path / "fresh" / "config.json"))["seed"] == 0
+
+
+def test_config_changes_lists_each_differing_field():
+  from sorjax.training.loop import config_changes
+  saved = {"model": {"h": 4, "remat": False}, "train": {"max_steps": 1},
+           "sizes": [1, 2]}
+  given = {"model": {"h": 5, "remat": True, "new": 1},
+           "train": {"max_steps": 9}, "sizes": (1, 2)}
+  assert config_changes(saved, given) == [
+      "model.h: 4 -> 5", "model.new: '(absent)' -> 1"]
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   with pytest.raises(NonFiniteLossError, match="non-finite"):
     run(tmp_path, task=ToyTask(nan_at_batch=105))   # epoch 1, batch 5
