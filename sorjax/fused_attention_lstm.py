@@ -42,6 +42,7 @@ Forward-mode autodiff (jvp, jacfwd) is not defined through these primitives
 from __future__ import annotations
 
 import functools
+import math
 from typing import NamedTuple
 
 import jax
@@ -317,7 +318,7 @@ def attention_lstm_layer(W: Array, forget_bias: float, xp: SecondOrderInputs,
   check_lstm_state(where, carry, B, H, T)
   layer = _layer if mix == "states" else _gates_layer
   (h, c), ys = layer(unroll_steps(where, unroll),
-                     float(forget_bias), W, gx.reshape(B, T, -1), alpha,
+                     float(forget_bias), W, gx.reshape(B, T, math.prod(want)), alpha,
                      batch_major_mask(where, lengths, B, T), carry.h,
                      carry.c)
   return LSTMCarry(h, c), ys

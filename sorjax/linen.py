@@ -27,6 +27,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sorjax.cells import base
 from sorjax.models.constant import Constant, constant
 
 
@@ -79,6 +80,8 @@ class CellAdapter(nn.RNNCellBase):
 
     params = {name: self.param(name, init, name)
               for name in self._abstract_params(D)}
+    base.check_input_dtype(f"CellAdapter({type(self.cell).__name__})",
+                           params, x)
     xp = self.cell.precompute(params, x, **self._aux(x.shape[:-1]))
     return self.cell.step(params, carry, xp)
 

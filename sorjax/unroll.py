@@ -469,11 +469,13 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       None from hidden size 128 (module doc).
     **aux: extra inputs of the cell, scalars or [B, T] per-token arrays.
   """
+  xs = jnp.asarray(xs)
   if xs.ndim != 3:
     raise ValueError(f"unroll: xs must be [B, T, D], got shape {xs.shape}")
   base.check_params(f"unroll: {cells.name_of(cell)}", cell, params,
                     xs.shape[-1],
                     f"the last axis of xs {tuple(xs.shape)}")
+  base.check_input_dtype(f"unroll: {cells.name_of(cell)}", params, xs)
   if isinstance(remat, (bool, np.bool_)):
     remat = bool(remat)
   elif remat != "dots":
@@ -482,6 +484,9 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
   if fused_grad not in (None, True, False):
     raise ValueError(
         f"unroll: fused_grad must be None, True or False, got {fused_grad!r}")
+  for name, flag in (("reverse", reverse), ("hoist", hoist)):
+    if not isinstance(flag, (bool, np.bool_)):  # "no" would read as True
+      raise ValueError(f"unroll: {name} must be True or False, got {flag!r}")
   layer_scan.check_unroll("unroll", unroll)
   fused = _fused_by_default(cell, remat) if fused_grad is None else fused_grad
   layer = _batch_major_layer(cell, params, hoist, remat, fused_grad, fused)

@@ -176,3 +176,13 @@ def test_per_token_aux_is_rejected_with_its_name():
   bad = {"assignment": jnp.zeros((B, T), jnp.int32)}
   with pytest.raises(ValueError, match="aux 'assignment'.*per-token"):
     nn.RNN(CellAdapter(cell, aux=bad)).init(jax.random.key(0), xs)
+
+
+def test_inputs_of_a_wider_dtype_than_the_params_are_named():
+  cell = cells.make("lstm", hidden_size=4)
+  rnn = nn.RNN(CellAdapter(cell, param_dtype=jnp.bfloat16))
+  with pytest.raises(ValueError, match=r"CellAdapter\(LSTM\): xs are "
+                     "float32 but the params bfloat16"):
+    rnn.init(jax.random.key(0), jnp.ones((2, 5, 3)))
+  v = rnn.init(jax.random.key(0), jnp.ones((2, 5, 3), jnp.bfloat16))
+  assert rnn.apply(v, jnp.ones((2, 5, 3), jnp.bfloat16)).dtype == jnp.bfloat16

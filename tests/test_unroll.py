@@ -69,6 +69,38 @@ def test_input_errors_name_the_argument():
     sorjax.unroll(cell, p, jnp.zeros((2, 5, 3)), temperature=jnp.ones((3,)))
 
 
+def test_flags_and_dtypes_are_checked():
+  cell = cells.make("lstm", hidden_size=4)
+  p = cell.init(jax.random.key(0), 3)
+  xs = jnp.ones((2, 5, 3))
+  for name in ("reverse", "hoist"):
+    for bad in ("no", None, 0):  # "no" would have run reversed
+      with pytest.raises(ValueError, match=f"unroll: {name} must be True or "
+                         f"False, got {bad!r}"):
+        sorjax.unroll(cell, p, xs, **{name: bad})
+  # Inputs that would promote the params' dtype: the scan's carry types
+  # would differ (an error naming neither) or the state silently widen.
+  half = cell.init(jax.random.key(0), 3, dtype=jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"unroll: lstm: xs are float32 but "
+                     r"the params bfloat16.*xs.astype\(jnp.bfloat16\)"):
+    sorjax.unroll(cell, half, xs)
+  with pytest.raises(ValueError, match="xs are complex64 but the params "
+                     "float32"):
+    sorjax.unroll(cell, p, xs.astype(jnp.complex64))
+  # Under standard promotion, narrower or integer inputs compute in the
+  # params' dtype (strict promotion, as in these tests, refuses them).
+  with pytest.raises(ValueError, match="xs are int32 but the params"):
+    sorjax.unroll(cell, half, xs.astype(jnp.int32))
+  with jax.numpy_dtype_promotion("standard"):
+    assert sorjax.unroll(cell, half, xs.astype(jnp.int32))[1].dtype == \
+        jnp.bfloat16
+    assert sorjax.unroll(cell, p, xs.astype(jnp.bfloat16))[1].dtype == \
+        jnp.float32
+  # A nested list is an array.
+  np.testing.assert_array_equal(sorjax.unroll(cell, p, xs.tolist())[1],
+                                sorjax.unroll(cell, p, xs)[1])
+
+
 def test_stack_routes_aux_and_rejects_unused_aux():
   stack = (cells.make("rnn", hidden_size=4), cells.make("lstm", hidden_size=4))
   params = sorjax.init_layers(jax.random.key(0), stack, 3)

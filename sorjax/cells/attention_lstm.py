@@ -136,6 +136,7 @@ class AttentionLSTM(_SplitStep):
 
   def __post_init__(self):
     _check_cells("attention_lstm", self.hidden_size, self.num_cells)
+    base.check_finite_real("attention_lstm", "forget_bias", self.forget_bias)
     base.check_choice("attention_lstm", "mix", self.mix, ("states", "gates"))
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
@@ -215,6 +216,7 @@ class AssignmentLSTM(_SplitStep):
 
   def __post_init__(self):
     _check_cells("assignment_lstm", self.hidden_size, self.num_cells)
+    base.check_finite_real("assignment_lstm", "forget_bias", self.forget_bias)
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
     base.check_positive_int("assignment_lstm", "input_size", input_size)

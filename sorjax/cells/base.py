@@ -12,6 +12,7 @@ from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from sorjax.layer_scan import transposed_rows
@@ -54,6 +55,15 @@ def check_positive_int(cell: str, name: str, value: Any) -> None:
 def check_bool(cell: str, name: str, value: Any) -> None:
   if not isinstance(value, bool):
     raise ValueError(f"{cell}: {name} must be a bool, got {value!r}")
+
+
+def check_finite_real(cell: str, name: str, value: Any) -> None:
+  """A finite real scalar (a string, array or NaN would reach the gates)."""
+  if (isinstance(value, (bool, np.bool_))
+      or not isinstance(value, (int, float, np.integer, np.floating))
+      or not math.isfinite(value)):
+    raise ValueError(
+        f"{cell}: {name} must be a finite real number, got {value!r}")
 
 
 def check_choice(cell: str, name: str, value: Any, choices: tuple) -> None:
@@ -161,6 +171,23 @@ def check_input(cell: str, xs: Array, input_size: int) -> None:
     raise _wrong_input_size(cell, input_size,
                             xs.shape[-1] if xs.ndim else None,
                             f" (shape {tuple(xs.shape)})")
+
+
+def check_input_dtype(where: str, params: PyTree, xs: Array) -> None:
+  """Trace-time check that xs do not promote the params' dtype: bf16 params
+  with f32 (or complex) inputs would compute the state in the wider dtype
+  and fail as a scan's mismatched carry types, naming neither."""
+  p = param_dtype(params)
+  try:
+    promoted = jnp.result_type(xs.dtype, p)
+  except jax.dtypes.TypePromotionError:  # strict promotion refuses the pair
+    promoted = None
+  if promoted != p:
+    other = (f" or init the params in {xs.dtype}"
+             if jnp.issubdtype(xs.dtype, jnp.floating) else "")
+    raise ValueError(
+        f"{where}: xs are {xs.dtype} but the params {p}: the state would "
+        f"not stay {p}; cast xs (xs.astype(jnp.{p})){other}")
 
 
 def _wrong_input_size(where: str, input_size: int, got, detail: str

@@ -34,6 +34,7 @@ class LSTM:
 
   def __post_init__(self):
     base.check_positive_int("lstm", "hidden_size", self.hidden_size)
+    base.check_finite_real("lstm", "forget_bias", self.forget_bias)
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
     base.check_positive_int("lstm", "input_size", input_size)

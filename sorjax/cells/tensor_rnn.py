@@ -72,7 +72,8 @@ class TensorRNN:
     return carry.h
 
   def post(self, q, carry, x, hA):
-    hA = hA.reshape(*hA.shape[:-1], x.shape[-1], -1)  # h^T A[d]: [.., D, H]
+    D = x.shape[-1]  # h^T A[d]: [.., D, H] (sizes given: B may be 0)
+    hA = hA.reshape(*hA.shape[:-1], D, hA.shape[-1] // D)
     pre = jnp.einsum("...d,...dj->...j", x, hA)  # weighted by x_t[d] (eq. 5)
     h = base.activation(self.activation)(pre + base.lift(q["b"], pre.ndim))
     return base.HCarry(h), h

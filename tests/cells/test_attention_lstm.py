@@ -262,6 +262,22 @@ def test_bad_hyperparameters_are_named(name):
     cells.make("attention_lstm", hidden_size=3, num_cells=2, mix="weights")
 
 
+@pytest.mark.parametrize("name, kw", [
+    ("lstm", {}), ("attention_lstm", {"num_cells": 2}),
+    ("assignment_lstm", {"num_cells": 2})])
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), "1", True,
+                                 (1.0,), np.ones(3)])
+def test_forget_bias_must_be_a_finite_real(name, kw, bad):
+  """A NaN bias made every state NaN; a string or an array ran on one code
+  path and failed on another."""
+  with pytest.raises(ValueError, match=f"{name}: forget_bias must be a "
+                     "finite real number"):
+    cells.make(name, hidden_size=3, forget_bias=bad, **kw)
+  for good in (1, 1.5, np.float32(-2.0)):
+    assert cells.make(name, hidden_size=3, forget_bias=good,
+                      **kw).forget_bias == good
+
+
 def test_bad_temperature_is_named():
   cell, params, xs = make("attention_lstm")
   for bad in (0.0, -1.0, float("inf")):

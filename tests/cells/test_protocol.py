@@ -215,3 +215,22 @@ def test_one_optax_step_changes_every_trainable_array(name):
   unchanged = [jax.tree_util.keystr(k) for k, v in
                jax.tree_util.tree_leaves_with_path(changed) if not v]
   assert not unchanged, f"{name}: no gradient reaches {unchanged}"
+
+
+@pytest.mark.parametrize("name", SEQ)
+@pytest.mark.parametrize("fused_grad", [False, True])
+@pytest.mark.parametrize("b, t", [(0, T), (0, 0), (B, 0)])
+def test_empty_batch_or_sequence_gives_empty_outputs(name, fused_grad, b, t):
+  """B = 0 divided by zero in two cells' reshapes (tensor_rnn's post,
+  the attention layer's gates) instead of giving empty outputs."""
+  cell, params, xs, aux = setup(name)
+  xs = xs[:b, :t]
+  aux = {k: v[:b, :t] if jnp.ndim(v) == 2 else v for k, v in aux.items()}
+
+  def loss(p, x):
+    carry, ys = sorjax.unroll(cell, p, x, fused_grad=fused_grad, **aux)
+    return jnp.sum(ys), (carry, ys)
+  grads, (carry, ys) = jax.grad(loss, has_aux=True)(params, xs)
+  assert ys.shape == (b, t, cell.hidden_size)
+  assert all(l.shape[0] == b for l in jax.tree_util.tree_leaves(carry))
+  assert all(not jnp.any(g) for g in jax.tree_util.tree_leaves(grads))
