@@ -7,6 +7,9 @@ Rerunning the same command resumes from the work directory's latest
 checkpoint.
 """
 
+import importlib.util
+import inspect
+import os
 import sys
 
 import jax
@@ -15,6 +18,7 @@ from ml_collections import config_flags
 
 from experiments import train
 from sorjax import host_memory
+from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
 
 FLAGS = flags.FLAGS
@@ -58,6 +62,9 @@ def _argument(argv, name: str) -> str | None:
 def parse_flags(argv):
   """absl's parsing, with an override of a field the config lacks reported
   as a flag error that names it (`train.unknown_override`)."""
+  msg = _bad_path(argv)
+  if msg is not None:
+    _flag_error(msg)
   try:
     return app.parse_flags_with_usage(argv)
   except (KeyError, AttributeError, TypeError):
@@ -68,9 +75,46 @@ def parse_flags(argv):
         FLAGS["config"].parser.parse(spec), argv)
     if msg is None:
       raise
-    sys.stderr.write(f"FATAL Flags parsing error: {msg}\nPass --helpshort "
-                     "or --helpfull to see help on flags.\n")
-    sys.exit(1)
+    _flag_error(msg)
+
+
+def _flag_error(msg: str):
+  sys.stderr.write(f"FATAL Flags parsing error: {msg}\nPass --helpshort "
+                   "or --helpfull to see help on flags.\n")
+  sys.exit(1)
+
+
+def _bad_path(argv) -> str | None:
+  """What is wrong with --config's file or variant, or --workdir, before
+  ml_collections defers a missing file to a later traceback, or reports a
+  variant given to a config without one as get_config's TypeError."""
+  workdir = _argument(argv, "workdir")
+  if workdir and os.path.exists(workdir) and not os.path.isdir(workdir):
+    return f"flag --workdir={workdir}: a file, not a directory"
+  spec = _argument(argv, "config")
+  if not spec:
+    return None
+  path, _, variant = spec.partition(":")
+  if not os.path.isfile(path):
+    return f"flag --config={spec}: no such file {path!r}"
+  if variant:
+    module = importlib.util.module_from_spec(
+        importlib.util.spec_from_file_location("_config_to_check", path))
+    try:
+      module.__spec__.loader.exec_module(module)
+    except Exception:  # pylint: disable=broad-except
+      return None  # ml_collections reports the file's own error
+    get_config = getattr(module, "get_config", None)
+    if get_config is None:
+      return None
+    if not inspect.signature(get_config).parameters:
+      return (f"flag --config={spec}: {os.path.basename(path)} takes no "
+              f"variant (after ':'); give --config={path}")
+    try:
+      get_config(variant)
+    except ConfigError as e:  # the variant's usage, without a traceback
+      return f"flag --config={spec}: {e}"
+  return None
 
 
 def main(argv):
@@ -83,6 +127,9 @@ def main(argv):
   except ConfigError as e:
     logging.error("config error: %s", e)
     sys.exit(f"config error: {e}")
+  except Interrupted as e:  # the step is saved: no traceback
+    logging.warning("%s", e)
+    sys.exit(e.exit_code)
 
 
 if __name__ == "__main__":

@@ -30,6 +30,9 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
+from sorjax.training.interrupt import Interrupted
+from sorjax.training.tasks.common import ConfigError
+
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Root directory of the item's runs.")
 flags.DEFINE_enum("scale", "cpu", ["cpu", "micro"], "cpu: the runs of "
@@ -759,8 +762,11 @@ def main(argv):
   try:
     s = reproduce(argv[1], FLAGS.workdir, FLAGS.scale, FLAGS.replicas,
                   FLAGS.figures)
-  except ReproduceError as e:
+  except (ReproduceError, ConfigError) as e:
     sys.exit(f"reproduce error: {e}")
+  except Interrupted as e:  # the step is saved: no traceback
+    logging.warning("%s", e)
+    sys.exit(e.exit_code)
   print(json.dumps({k: s[k] for k in ("item", "name", "scale",
                                       "train_wall_s")}))
 

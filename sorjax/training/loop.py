@@ -21,9 +21,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
+import signal
 import time
 from typing import Any
 
@@ -34,7 +36,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sorjax.training import asgd
+from sorjax.training import asgd, interrupt
 from sorjax.training.checkpoint import Checkpointer
 from sorjax.training.metrics import MetricWriter
 from sorjax.training.optim import EarlyStopping, Plateau, make_optimizer, \
@@ -92,21 +94,28 @@ def config_changes(saved: dict, given: dict) -> list[str]:
   return out
 
 
-def check_resumable(workdir: str, config) -> None:
+def check_resumable(workdir: str, config, ckpt: Checkpointer) -> None:
   """Refuses to resume the checkpoints in `workdir` with a config that
-  differs from the one they were trained with (its config.json), naming
-  the fields; ConfigError before anything is written."""
+  differs from the one they were trained with (its config.json, or the
+  latest checkpoint's copy when that file is gone), naming the fields;
+  ConfigError before anything is written."""
   from sorjax.training.tasks.common import ConfigError
   path = os.path.join(workdir, "config.json")
-  if not os.path.exists(path):
-    return
-  try:
-    with open(path) as f:
-      saved = json.load(f)
-  except (OSError, ValueError) as e:
-    raise ConfigError(f"{path}: cannot read the config this run was trained "
-                      f"with ({e}); its checkpoints cannot be resumed "
-                      "safely") from None
+  if os.path.exists(path):
+    try:
+      with open(path) as f:
+        saved = json.load(f)
+    except (OSError, ValueError) as e:
+      raise ConfigError(f"{path}: cannot read the config this run was "
+                        f"trained with ({e}); its checkpoints cannot be "
+                        "resumed safely") from None
+  else:
+    step, meta = ckpt.restore_meta("latest")
+    path = os.path.join(workdir, "checkpoints", str(step))
+    saved = meta.get("config")
+    if saved is None:  # written before checkpoints held their config
+      logging.warning("%s holds no config to compare with", path)
+      return
   changes = config_changes(saved, _to_dict(config))
   if changes:
     shown = "; ".join(changes[:8]) + (
@@ -308,7 +317,7 @@ class Trainer:
     ckpt = Checkpointer(self.workdir, keep=tcfg.keep_checkpoints)
     if ckpt.latest_step() is not None:
       try:
-        check_resumable(self.workdir, cfg)
+        check_resumable(self.workdir, cfg, ckpt)
       except Exception:
         ckpt.close()
         raise
@@ -372,7 +381,25 @@ class Trainer:
                 for s in plateau_state],
                config=_to_dict(cfg))
       ckpt.save(step, jax.device_get(state), m)
+      saved[0] = step
 
+    saved = [None]
+
+    def stop_if_signalled():
+      """After a whole step: on a received SIGINT / SIGTERM, save this
+      step (the data position matches the state here) and stop."""
+      if not signalled:
+        return
+      if saved[0] != step:
+        save()
+      ckpt.wait()
+      raise interrupt.Interrupted(signalled[0], (
+          f"{signal.Signals(signalled[0]).name} at step {step}: saved "
+          f"{self.workdir}/checkpoints/{step}; the same command resumes "
+          "the run"))
+
+    signals = contextlib.ExitStack()
+    signalled = signals.enter_context(interrupt.deferred())
     try:
       while epoch < tcfg.num_epochs and not stop:
         tau = self.temperature(step, epoch)
@@ -409,6 +436,7 @@ class Trainer:
             t_last, tok_last = time.perf_counter(), 0
           if step % tcfg.checkpoint_every == 0:
             save()
+          stop_if_signalled()
           if max_steps and step >= max_steps:
             stop = True
             break
@@ -423,8 +451,10 @@ class Trainer:
         state = self._apply_epoch_decisions(state, plateau_state, start_avg)
         meta["stopped_early"] = stop
         save()
+        stop_if_signalled()
       save()
     finally:
+      signals.close()
       ckpt.wait()
       ckpt.close()
       writer.close()

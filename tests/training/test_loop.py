@@ -3,6 +3,7 @@
 import json
 import os
 import re
+import signal
 import socket
 import subprocess
 import sys
@@ -110,6 +111,42 @@ def test_rerun_resumes_to_the_same_parameters(tmp_path):
   assert steps == sorted(set(steps))          # no duplicated records
 
 
+class SignalledTask(ToyTask):
+  """Sends its own process `signum` as it hands out batch `at` (epoch * 100
+  + batch), as Ctrl-C or a scheduler's SIGTERM would arrive mid-run."""
+
+  def __init__(self, signum, at):
+    super().__init__()
+    self.signum, self.at = signum, at
+
+  def train_batches(self, epoch, position):
+    for batch, pos in super().train_batches(epoch, position):
+      if epoch * 100 + pos["batch"] - 1 == self.at:
+        os.kill(os.getpid(), self.signum)
+      yield batch, pos
+
+
+@pytest.mark.parametrize("signum, at, step", [
+    (signal.SIGINT, 102, 9),    # epoch 1's third batch: step 6 + 3
+    (signal.SIGTERM, 3, 4)])    # a step that checkpoint_every also saves
+def test_a_signal_saves_the_step_and_the_rerun_ends_as_uninterrupted(
+    tmp_path, signum, at, step):
+  from sorjax.training.checkpoint import Checkpointer
+  from sorjax.training.interrupt import Interrupted
+  full = run(tmp_path / "full")
+  with pytest.raises(Interrupted, match=rf"{signal.Signals(signum).name} at "
+                     rf"step {step}: saved .*checkpoints/{step}") as e:
+    run(tmp_path / "cut", task=SignalledTask(signum, at))
+  assert e.value.exit_code == 128 + signum
+  assert signal.getsignal(signum) in (signal.default_int_handler,
+                                      signal.SIG_DFL)  # handlers restored
+  ck = Checkpointer(str(tmp_path / "cut"), read_only=True)
+  assert ck.latest_step() == step
+  ck.close()
+  resumed = run(tmp_path / "cut")
+  np.testing.assert_array_equal(resumed.params["w"], full.params["w"])
+
+
 def test_rerun_with_another_config_is_refused_before_anything_is_written(
     tmp_path):
   """Resuming checkpoints under changed model or optimiser fields would
@@ -124,6 +161,11 @@ def test_rerun_with_another_config_is_refused_before_anything_is_written(
       "optim.learning_rate: 0.05 -> 0.5; seed: 0 -> 3 (saved -> given)")):
     Trainer(ToyTask(), config, str(tmp_path)).run()
   assert (tmp_path / "config.json").read_text() == saved
+  # Without config.json, the latest checkpoint's copy of the config.
+  (tmp_path / "config.json").unlink()
+  with pytest.raises(ConfigError, match=r"checkpoints/4\): optim"):
+    Trainer(ToyTask(), config, str(tmp_path)).run()
+  assert not (tmp_path / "config.json").exists()
   # How long it trains, how it logs and the replica grouping may change.
   state = run(tmp_path, train={"max_steps": 6, "log_every": 1},
               replica_batch_size=1)

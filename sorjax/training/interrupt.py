@@ -1,0 +1,48 @@
+"""Stopping a run at a step boundary: within `deferred()` the first SIGINT
+(Ctrl-C) or SIGTERM (a scheduler's preemption) only records the signal;
+the loop looks after every step, saves a checkpoint of that step and
+raises `Interrupted`. A second signal acts at once, as before."""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+SIGNALS = (signal.SIGINT, signal.SIGTERM)
+
+
+class Interrupted(KeyboardInterrupt):
+  """Raised by the loop once the interrupted step is saved."""
+
+  def __init__(self, signum: int, message: str):
+    super().__init__(message)
+    self.signum = signum
+
+  @property
+  def exit_code(self) -> int:  # the shell's 128 + signal number
+    return 128 + self.signum
+
+
+@contextlib.contextmanager
+def deferred():
+  """Yields the list of signals received while inside (empty until one
+  comes). Outside the main thread, where Python delivers no signal, it
+  changes nothing."""
+  got: list[int] = []
+  if threading.current_thread() is not threading.main_thread():
+    yield got
+    return
+  old = {s: signal.getsignal(s) for s in SIGNALS}
+
+  def record(signum, frame):
+    got.append(signum)
+    signal.signal(signum, old[signum])  # the next one acts as usual
+
+  for s in SIGNALS:
+    signal.signal(s, record)
+  try:
+    yield got
+  finally:
+    for s, h in old.items():
+      signal.signal(s, h)

@@ -1,0 +1,70 @@
+"""The launcher's own checks of its path flags, and a signal's exit: run as
+the absl binary (`python -m experiments.main`)."""
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+from experiments import main as launcher
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__))))
+CONFIG = os.path.join(ROOT, "tests", "experiments", "tiny_dyck.py")
+LIN = os.path.join(ROOT, "experiments", "configs", "lin_dyck.py")
+
+
+def argv(config, workdir):
+  return ["main", f"--config={config}", f"--workdir={workdir}"]
+
+
+def test_bad_config_file_variant_and_workdir_are_named(tmp_path):
+  """A missing file used to surface later as a traceback ending in
+  ml_collections' 'Configuration is not available'; a variant given to a
+  config without one as get_config's TypeError; a workdir that is a file
+  as os.makedirs' FileExistsError."""
+  missing = str(tmp_path / "nope.py")
+  assert launcher._bad_path(argv(missing, tmp_path)) == (
+      f"flag --config={missing}: no such file {missing!r}")
+  assert launcher._bad_path(argv(CONFIG + ":x", tmp_path)) == (
+      f"flag --config={CONFIG}:x: tiny_dyck.py takes no variant (after "
+      f"':'); give --config={CONFIG}")
+  msg = launcher._bad_path(argv(LIN + ":bogus", tmp_path))
+  assert msg.startswith(f"flag --config={LIN}:bogus: lin_dyck.py:'bogus': "
+                        "model must be one of lstm, attention, assignment")
+  afile = tmp_path / "afile"
+  afile.write_text("")
+  assert launcher._bad_path(argv(CONFIG, afile)) == (
+      f"flag --workdir={afile}: a file, not a directory")
+  for good in (argv(CONFIG, tmp_path / "new"), argv(LIN + ":lstm,m4", tmp_path),
+               ["main"]):
+    assert launcher._bad_path(good) is None
+  res = subprocess.run([sys.executable, "-m", "experiments.main",
+                        *argv(missing, tmp_path)[1:]], cwd=ROOT,
+                       capture_output=True, text=True, timeout=120)
+  assert res.returncode == 1
+  assert res.stderr.startswith(f"FATAL Flags parsing error: flag "
+                               f"--config={missing}: no such file")
+
+
+def test_sigint_saves_the_step_and_exits_130_without_a_traceback(tmp_path):
+  workdir = tmp_path / "run"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "experiments.main", *argv(CONFIG, workdir)[1:],
+       "--config.train.num_epochs=100000", "--config.train.log_every=1",
+       "--config.train.checkpoint_every=100000"],
+      cwd=ROOT, stderr=subprocess.PIPE, text=True)
+  metrics = workdir / "metrics.jsonl"
+  deadline = time.time() + 240
+  while not (metrics.exists() and metrics.stat().st_size) and \
+      time.time() < deadline and proc.poll() is None:
+    time.sleep(0.2)
+  proc.send_signal(signal.SIGINT)
+  _, err = proc.communicate(timeout=120)
+  assert proc.returncode == 130, err[-2000:]
+  assert "Traceback" not in err
+  saved = [l for l in err.splitlines() if "SIGINT at step" in l]
+  assert saved and "the same command resumes the run" in saved[0]
+  step = int(saved[0].split("SIGINT at step ")[1].split(":")[0])
+  assert max(map(int, os.listdir(workdir / "checkpoints"))) == step
