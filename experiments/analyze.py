@@ -54,8 +54,23 @@ flags.DEFINE_string("data_dir", None, "minimal_pairs with blimp: TFDS "
 flags.DEFINE_string("out", None, "Output directory (default RUN/analysis).")
 
 
+# Flags read by some analyses only: one given to none of the chosen ones is
+# an error (runner.run_analyses' `given`).
+OPTION_FLAGS = ("compare", "compare_step", "labels", "split", "pairs",
+                "category_field", "sentence", "temperature", "num_resamples",
+                "seed", "max_tokens", "max_sequences", "max_trees",
+                "position", "data_dir")
+
+
 def _step(value: str):
   return int(value) if value.lstrip("-").isdigit() else value
+
+
+def _given() -> list[str]:
+  given = [f for f in OPTION_FLAGS if FLAGS[f].present]
+  if "compare_step" in given and not FLAGS.compare:
+    raise app.UsageError("--compare_step needs --compare")
+  return given
 
 
 def main(argv):
@@ -63,11 +78,12 @@ def main(argv):
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
   from sorjax.analysis import runner
   if FLAGS.analyses == ["help"]:
-    for name, (_, doc) in runner.ANALYSES.items():
-      print(f"{name:18s} {doc}")
+    for name, spec in runner.ANALYSES.items():
+      print(f"{name:18s} {spec.doc}")
     return
   if not FLAGS.workdir or not FLAGS.analyses:
     raise app.UsageError("--workdir and --analyses are required")
+  given = _given()
   std_logging.getLogger("absl").setLevel(std_logging.WARNING)
   import os
 
@@ -90,8 +106,9 @@ def main(argv):
         max_tokens=FLAGS.max_tokens, max_sequences=FLAGS.max_sequences,
         max_trees=FLAGS.max_trees, position=FLAGS.position,
         data_dir=FLAGS.data_dir)
-    written = runner.run_analyses(run, FLAGS.analyses, FLAGS.out, options)
-  except (AnalysisError, ValueError, FileNotFoundError, KeyError) as e:
+    written = runner.run_analyses(run, FLAGS.analyses, FLAGS.out, options,
+                                  given)
+  except (AnalysisError, ValueError, OSError, KeyError) as e:
     logging.error("analysis error: %s", e)
     sys.exit(f"analysis error: {e}")
   for name, paths in written.items():

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import json
+import math
 import os
 from typing import Any
 
@@ -21,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+
+from sorjax.layer_scan import check_lengths
 
 
 @dataclasses.dataclass
@@ -58,15 +61,23 @@ class Run:
     return dataclasses.replace(self, replica=r)
 
   def eval_temperature(self) -> float:
-    t = self.config.temperature
-    return float(t.eval_value if t.eval_value is not None else
-                 t.init * t.decay ** self.meta.get("epoch", 0))
+    """The temperature the loop evaluated this checkpoint at: eval_value,
+    else the schedule (floor and per-step decay included) at the epoch
+    just trained for an end-of-epoch checkpoint (as the loop's evaluation
+    reads it), or at the current epoch for one saved mid-epoch."""
+    from sorjax.training.schedules import TemperatureSchedule
+    schedule = TemperatureSchedule(**self.config.temperature.to_dict())
+    epoch = int(self.meta.get("epoch", 0))
+    if self.meta.get("position") is None and epoch > 0:
+      epoch -= 1
+    return float(schedule.evaluation(self.step, epoch))
 
   def encode(self, text: str) -> np.ndarray:
     """Symbols of one line -> ids, with the run's vocabulary / language."""
     if hasattr(self.task, "encode_text"):
       return self.task.encode_text(text)
-    raise ValueError(f"task {self.task.name!r} cannot encode text")
+    raise ValueError(f"text needs a run of a text task (lm); this run's "
+                     f"task {self.task.name!r} cannot encode text")
 
   def log_probs(self, tokens, lengths=None, temperature=None) -> np.ndarray:
     """Next-token log-probabilities [B, T, V] of int tokens [B, T] (or [T],
@@ -74,26 +85,51 @@ class Run:
     if self.task.name not in ("lm", "dyck_lm"):
       raise ValueError(f"log_probs needs a next-token task (lm, dyck_lm); "
                        f"this run is {self.task.name!r}")
-    if isinstance(tokens, str):
-      tokens = self.encode(tokens)
-    tokens = np.asarray(tokens)
+    tokens = self._tokens(tokens)
     squeeze = tokens.ndim == 1
     if squeeze:
       tokens = tokens[None]
-    if tokens.ndim != 2 or not np.issubdtype(tokens.dtype, np.integer):
+    if lengths is not None:
+      lengths = check_lengths("log_probs", np.atleast_1d(lengths)
+                              if squeeze else lengths, *tokens.shape)
+    tau = check_temperature("log_probs", self.eval_temperature()
+                            if temperature is None else temperature)
+    out = np.asarray(_log_probs(self.task, self.params,
+                                jnp.asarray(tokens, jnp.int32), lengths,
+                                jnp.float32(tau)))
+    return out[0] if squeeze else out
+
+  def _tokens(self, tokens) -> np.ndarray:
+    """`tokens` as a checked int array [B, T] or [T]."""
+    if isinstance(tokens, str):
+      tokens = self.encode(tokens)
+    try:
+      tokens = np.asarray(tokens)
+    except ValueError as e:     # ragged nested lists
+      raise ValueError(f"tokens must be a rectangular int array [B, T] or "
+                       f"[T] ({e})") from None
+    if tokens.ndim not in (1, 2) or not np.issubdtype(tokens.dtype,
+                                                      np.integer):
       raise ValueError(f"tokens must be int [B, T] or [T], got "
                        f"{tokens.dtype} {tokens.shape}")
     V = self.task.model.vocab_size
     if tokens.size and (tokens.min() < 0 or tokens.max() >= V):
       raise ValueError(f"token ids must be in [0, {V}), got "
                        f"[{tokens.min()}, {tokens.max()}]")
-    tau = self.eval_temperature() if temperature is None else temperature
-    out = np.asarray(_log_probs(self.task, self.params,
-                                jnp.asarray(tokens, jnp.int32),
-                                None if lengths is None else
-                                jnp.asarray(lengths, jnp.int32),
-                                jnp.float32(tau)))
-    return out[0] if squeeze else out
+    return tokens
+
+
+def check_temperature(where: str, value) -> float:
+  """`value` as a float; a ValueError naming `where` unless finite and > 0
+  (tau = 0 divides by zero, a negative one inverts the distribution)."""
+  try:
+    tau = float(value)
+  except (TypeError, ValueError):
+    tau = math.nan
+  if not (math.isfinite(tau) and tau > 0):
+    raise ValueError(f"{where}: temperature must be a finite number > 0, "
+                     f"got {value!r}")
+  return tau
 
 
 @functools.partial(jax.jit, static_argnums=0)
@@ -103,12 +139,47 @@ def _log_probs(task, params, tokens, lengths, temperature):
 
 
 def load_config(workdir: str) -> ml_collections.ConfigDict:
+  """The run's resolved config.json; a ValueError naming the file and what
+  is wrong with it (not JSON, not an object, a section missing)."""
   path = os.path.join(workdir, "config.json")
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a sorjax "
                             "run directory (no resolved config)")
-  with open(path) as f:
-    return ml_collections.ConfigDict(json.load(f))
+  if not os.path.isfile(path):
+    raise ValueError(f"{path} is not a file")
+  try:
+    with open(path, encoding="utf-8") as f:
+      raw = json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{path} is not valid JSON (line {e.lineno}, column "
+                     f"{e.colno}: {e.msg})") from None
+  except (OSError, UnicodeDecodeError) as e:
+    raise ValueError(f"{path} cannot be read ({e})") from None
+  _check_sections(path, raw)
+  return ml_collections.ConfigDict(raw)
+
+
+def _check_sections(path: str, raw) -> None:
+  """Every top-level section of `base_config()` (plus task, model, data)
+  is present, sections as objects and task a name."""
+  from sorjax.training.config import base_config
+  if not isinstance(raw, dict):
+    raise ValueError(f"{path} must hold a JSON object, got "
+                     f"{type(raw).__name__}")
+  base = base_config()
+  sections = [k for k in base if isinstance(base[k],
+                                            ml_collections.ConfigDict)]
+  for k in ["task", "model", "data"] + sections:
+    if k not in raw:
+      raise ValueError(f"{path} has no section {k!r} (a run's config has "
+                       f"task, model, data, {', '.join(sections)})")
+  if not isinstance(raw["task"], str) or not raw["task"]:
+    raise ValueError(f"{path}: 'task' must be a task name, got "
+                     f"{raw['task']!r}")
+  for k in ["model", "data"] + sections:
+    if not isinstance(raw[k], dict):
+      raise ValueError(f"{path}: section {k!r} must be a JSON object, got "
+                       f"{type(raw[k]).__name__}")
 
 
 def restore(workdir: str, step: str | int = "best", replica: int = 0) -> Run:

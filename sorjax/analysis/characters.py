@@ -29,7 +29,7 @@ CHAR_CORPORA = ("ptb_char", "ptb_char_maupome", "tinyshakespeare")
 SPACES = (" ", "_")
 
 
-def _require_chars(name, run):
+def require_chars(name, run):
   require_task(name, run, ("lm",))
   corpus = str(run.config.data.corpus).partition("/")[0]
   if corpus not in CHAR_CORPORA:
@@ -56,7 +56,7 @@ def position_losses(run, split: str | None = None, max_position: int = 20,
   """Mean NLL per position in word, positions 1..max_position (longer
   positions are pooled into max_position: "max_position or later")."""
   name = "word_position"
-  _require_chars(name, run)
+  require_chars(name, run)
   split = check_split(name, run, split)
   if not isinstance(max_position, int) or max_position < 1:
     raise ValueError(f"{name}: max_position must be an int >= 1, got "
@@ -104,7 +104,7 @@ def prediction_examples(run, split: str | None = None, num: int = 3,
   """The first `num` lines of a split with min_length..max_length
   characters, and the model's argmax prediction of each character."""
   name = "prediction_examples"
-  _require_chars(name, run)
+  require_chars(name, run)
   split = check_split(name, run, split)
   vocab = run.task.vocab
   ids = run.task.split_ids[split]
@@ -153,4 +153,4 @@ def plot_examples(result: dict, path: str) -> str:
 
 
 __all__ = ["plot_examples", "plot_positions", "position_losses",
-           "prediction_examples", "word_positions"]
+           "prediction_examples", "require_chars", "word_positions"]

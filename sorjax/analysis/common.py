@@ -94,8 +94,12 @@ def check_split(analysis: str, run, split: str | None,
 
 def temperature(run, value: float | None = None) -> float:
   """The softmax temperature of the analyses: `value`, else the run's
-  evaluation temperature (Lin et al. test at a very low tau)."""
-  return run.eval_temperature() if value is None else float(value)
+  evaluation temperature (Lin et al. test at a very low tau); an error
+  unless finite and > 0."""
+  from sorjax.runs import check_temperature
+  return check_temperature("the run's evaluation temperature" if value is
+                           None else "--temperature",
+                           run.eval_temperature() if value is None else value)
 
 
 # ---------------------------------------------------------------- checkpoints
@@ -141,7 +145,13 @@ class CheckpointReader:
 def output_dir(run, out: str | None = None) -> str:
   """`out`, or RUN/analysis; created."""
   path = out or os.path.join(run.workdir, "analysis")
-  os.makedirs(path, exist_ok=True)
+  if os.path.exists(path) and not os.path.isdir(path):
+    raise AnalysisError(f"--out {path} is a file, not a directory")
+  try:
+    os.makedirs(path, exist_ok=True)
+  except OSError as e:
+    raise AnalysisError(f"--out {path}: cannot create the directory "
+                        f"({e.strerror})") from None
   return path
 
 

@@ -33,13 +33,15 @@ import gzip
 import json
 import os
 import re
+import zlib
 from typing import Iterable, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sorjax.analysis.common import fail, figure, require_task, save
+from sorjax.analysis.common import (fail, figure, require_task, save,
+                                    temperature)
 from sorjax.data import tokenize
 
 _WORD = re.compile(r"\w+(?=n't)|n't|'\w+|\w+(?:[-.]\w+)*|[^\w\s]")
@@ -51,6 +53,7 @@ class Pair(NamedTuple):
   good: str
   bad: str
   category: str
+  where: str | None = None    # "file:line" of a pair read from JSONL
 
 
 # ---------------------------------------------------------------- reading
@@ -68,30 +71,59 @@ def _files(path: str) -> list[str]:
   return [path]
 
 
-def read_pairs(paths: str | Iterable[str], category_field: str | None = "UID"
-               ) -> list[Pair]:
+def read_pairs(paths: str | Iterable[str], category_field: str | None = "UID",
+               require_category: bool = False) -> list[Pair]:
   """Pairs from JSONL files (.jsonl or .jsonl.gz, or directories of them):
   one object per line with string fields sentence_good and sentence_bad,
   and optionally `category_field` (BLiMP's "UID"); lines without it fall
-  in the category named after their file."""
+  in the category named after their file. require_category: an error when
+  no line has `category_field` (a misspelt field)."""
   if isinstance(paths, str):
     paths = [paths]
-  out = []
+  out, fields = [], set()
   for path in paths:
     for f in _files(path):
-      stem = os.path.basename(f).removesuffix(".gz").removesuffix(".jsonl")
-      opener = gzip.open if f.endswith(".gz") else open
-      with opener(f, "rt", encoding="utf-8") as lines:
-        for i, line in enumerate(lines, 1):
-          if not line.strip():
-            continue
-          out.append(_pair(line, f"{f}:{i}", category_field, stem))
+      out += _read_file(f, category_field, fields)
   if not out:
     raise ValueError(f"read_pairs: no pairs in {list(paths)}")
+  if require_category and category_field not in fields:
+    raise ValueError(f"read_pairs: no line of {list(paths)} has the "
+                     f"category field {category_field!r}; their fields are "
+                     f"{sorted(fields)}")
   return out
 
 
-def _pair(line: str, where: str, category_field, default: str) -> Pair:
+def _read_file(f: str, category_field, fields: set) -> list[Pair]:
+  """The pairs of one file (adding its lines' fields to `fields`); a
+  ValueError naming the file (and line) for bytes that are not UTF-8 or
+  gzip."""
+  stem = os.path.basename(f).removesuffix(".gz").removesuffix(".jsonl")
+  opener = gzip.open if f.endswith(".gz") else open
+  out = []
+  try:
+    with opener(f, "rb") as lines:
+      for i, raw in enumerate(lines, 1):
+        line = _decode(raw, f"{f}:{i}")
+        if line.strip():
+          out.append(_pair(line, f"{f}:{i}", category_field, stem, fields))
+  except (OSError, EOFError, zlib.error) as e:
+    if not f.endswith(".gz"):
+      raise
+    raise ValueError(f"{f}: not a readable gzip file ({e})") from None
+  return out
+
+
+def _decode(raw: bytes, where: str) -> str:
+  try:
+    return raw.decode("utf-8")
+  except UnicodeDecodeError as e:
+    raise ValueError(f"{where}: not UTF-8 text ({e.reason}: byte "
+                     f"{raw[e.start:e.start + 1]!r} at column "
+                     f"{e.start + 1})") from None
+
+
+def _pair(line: str, where: str, category_field, default: str,
+          fields: set) -> Pair:
   try:
     rec = json.loads(line)
   except json.JSONDecodeError as e:
@@ -103,9 +135,10 @@ def _pair(line: str, where: str, category_field, default: str) -> Pair:
     if not isinstance(rec.get(k), str) or not rec[k].strip():
       raise ValueError(f"{where}: field {k!r} must be a non-empty string, "
                        f"got {rec.get(k)!r}")
+  fields.update(rec)
   cat = rec.get(category_field) if category_field else None
   return Pair(rec["sentence_good"], rec["sentence_bad"],
-              default if cat is None else str(cat))
+              default if cat is None else str(cat), where)
 
 
 def blimp_pairs(phenomena: Iterable[str] | None = None, data_dir=None,
@@ -210,14 +243,16 @@ def _with_context(run, ids, score_eos):
                         ).astype(np.int32)
 
 
-def _log_prob_fn(run):
+def _log_prob_fn(run, tau=None):
   """tokens [B, T], lengths [B] -> log-probabilities [B, T, V] under the
-  run: `Run.log_probs`, jitted (it runs eagerly: too slow for BLiMP's 134k
-  sentences). A stand-in run without `task.apply` uses its own."""
+  run at temperature `tau` (default the run's): `Run.log_probs`, jitted
+  (it runs eagerly: too slow for BLiMP's 134k sentences). A stand-in run
+  without `task.apply` uses its own."""
   task = run.task
   if not hasattr(task, "apply"):
-    return run.log_probs
-  params, tau = run.params, run.eval_temperature()
+    return lambda tokens, lengths: run.log_probs(tokens, lengths,
+                                                 temperature=tau)
+  params, tau = run.params, temperature(run, tau)
 
   @jax.jit
   def log_probs(tokens, lengths):
@@ -228,11 +263,12 @@ def _log_prob_fn(run):
 
 
 def token_log_probs(run, seqs: list[np.ndarray], batch_size: int = 64,
-                    multiple: int = 8) -> list[np.ndarray]:
+                    multiple: int = 8, tau: float | None = None
+                    ) -> list[np.ndarray]:
   """log p(seq[t] | seq[:t]) for t >= 1 of each int sequence, in batches
   of `batch_size` rows (the last padded) sorted by length, T padded to a
   multiple of `multiple`: few shapes, so few compilations."""
-  log_probs = _log_prob_fn(run)
+  log_probs = _log_prob_fn(run, tau)
   order = np.argsort([len(s) for s in seqs], kind="stable")
   out = [None] * len(seqs)
   rows = min(batch_size, len(seqs))
@@ -252,9 +288,26 @@ def token_log_probs(run, seqs: list[np.ndarray], batch_size: int = 64,
   return out
 
 
+def encode_pairs(run, pairs: list[Pair], norm: dict, score_eos: bool
+                 = False) -> tuple[list[np.ndarray], list[Encoded]]:
+  """(id sequences with their context, Encoded) of every pair's good and
+  bad sentence; an error naming the pair's file:line when one cannot be
+  encoded (a character the vocabulary lacks)."""
+  seqs, encs = [], []
+  for p in pairs:
+    for text in (p.good, p.bad):
+      try:
+        enc = encode_sentence(run, text, norm)
+      except ValueError as e:
+        raise ValueError(f"{p.where}: {e}" if p.where else str(e)) from None
+      encs.append(enc)
+      seqs.append(_with_context(run, enc.ids, score_eos))
+  return seqs, encs
+
+
 def evaluate(run, pairs: list[Pair], score_eos: bool = False,
              lowercase: bool | None = None, punctuation: str | None = None,
-             batch_size: int = 64) -> dict:
+             batch_size: int = 64, tau: float | None = None) -> dict:
   """Accuracy per category (and overall) of log p(good) > log p(bad),
   with the out-of-vocabulary and dropped-punctuation counts."""
   name = "minimal_pairs"
@@ -262,16 +315,11 @@ def evaluate(run, pairs: list[Pair], score_eos: bool = False,
   if not pairs:
     raise fail(name, run, "no pairs to evaluate")
   norm = normalisation(run, lowercase, punctuation)
-  oov, dropped = collections.Counter(), collections.Counter()
-  seqs, sent_oov = [], []
-  for p in pairs:
-    for text in (p.good, p.bad):
-      enc = encode_sentence(run, text, norm)
-      oov.update(enc.oov)
-      dropped.update(enc.dropped)
-      sent_oov.append(bool(enc.oov))
-      seqs.append(_with_context(run, enc.ids, score_eos))
-  lps = token_log_probs(run, seqs, batch_size)
+  seqs, encs = encode_pairs(run, pairs, norm, score_eos)
+  oov = collections.Counter(w for e in encs for w in e.oov)
+  dropped = collections.Counter(w for e in encs for w in e.dropped)
+  sent_oov = [bool(e.oov) for e in encs]
+  lps = token_log_probs(run, seqs, batch_size, tau=tau)
   total = np.array([lp.sum() for lp in lps]).reshape(-1, 2)
   correct = total[:, 0] > total[:, 1]
   cats = collections.defaultdict(list)
@@ -300,12 +348,14 @@ def compare(runs, pairs: list[Pair], **kwargs) -> dict:
 
 def sentence_log_probs(run, text: str, score_eos: bool = False,
                        lowercase: bool | None = None,
-                       punctuation: str | None = None) -> dict:
+                       punctuation: str | None = None,
+                       tau: float | None = None) -> dict:
   """Per-symbol log-probabilities of one sentence (Lin et al. sec. 5)."""
   require_task("token_losses", run, ("lm",))
   enc = encode_sentence(run, text, normalisation(run, lowercase,
                                                  punctuation))
-  lp = token_log_probs(run, [_with_context(run, enc.ids, score_eos)])[0]
+  lp = token_log_probs(run, [_with_context(run, enc.ids, score_eos)],
+                       tau=tau)[0]
   symbols = enc.symbols + ([run.task.vocab.eos] if score_eos else [])
   words = enc.words + ([run.task.vocab.eos] if score_eos else [])
   return {"sentence": text, "words": words, "symbols": symbols,
@@ -354,6 +404,7 @@ def plot_sentence(results: list[dict], labels: list[str], path: str) -> str:
   return save(fig, path)
 
 
-__all__ = ["Encoded", "Pair", "blimp_pairs", "compare", "encode_sentence",
+__all__ = ["Encoded", "Pair", "blimp_pairs", "compare", "encode_pairs",
+           "encode_sentence",
            "evaluate", "normalisation", "plot_categories", "plot_sentence",
            "read_pairs", "sentence_log_probs", "token_log_probs"]

@@ -12,12 +12,16 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 from sorjax.analysis import (attention, characters, dyck, minimal_pairs,
                              perplexity, timescales, tree_gradients)
-from sorjax.analysis.common import AnalysisError, output_dir, write_json
+from sorjax.analysis.common import (MULTI_CELL_LSTMS, AnalysisError,
+                                    check_split, fail, output_dir,
+                                    require_layers, require_task, temperature,
+                                    write_json)
 from sorjax.analysis.common import splits as task_splits
+from sorjax.runs import check_temperature
 
 
 @dataclasses.dataclass
@@ -44,174 +48,383 @@ def _path(out, name):
   return os.path.join(out, name)
 
 
-def _perplexity(run, out, o):
+def _json(out, name, res, src):
+  """Writes `res` with the `source` that produced it (run, step, tau)."""
+  return write_json(_path(out, name), {**res, "source": src})
+
+
+def _runs(run, o):
+  return [run] + ([o.compare] if o.compare is not None else [])
+
+
+# ---------------------------------------------------------------- analyses
+# Each: fn(run, out, options, source, prepared) -> written files, and
+# check(runs, options) -> prepared, run on every analysis before any fn.
+
+def _perplexity(run, out, o, src, _):
   res = {"run": perplexity.perplexity(run, o.split, o.temperature)}
   if o.compare is not None:
-    res["other"] = perplexity.perplexity(o.compare, o.split)
-  return [write_json(_path(out, "perplexity.json"), res)]
+    res["other"] = perplexity.perplexity(o.compare, o.split, o.temperature)
+  return [_json(out, "perplexity.json", res, src)]
 
 
-def _ldpa(run, out, o):
-  splits = (o.split,) if o.split else tuple(
+def _check_perplexity(runs, o):
+  for r in runs:
+    require_task("perplexity", r, ("lm", "dyck_lm"))
+    check_split("perplexity", r, o.split)
+
+
+def _ldpa_splits(run, o):
+  return (o.split,) if o.split else tuple(
       s for s in ("dev", "test") if s in task_splits(run))
-  res = dyck.ldpa(run, splits, o.temperature)
-  return [write_json(_path(out, "ldpa.json"), res),
+
+
+def _ldpa(run, out, o, src, _):
+  res = dyck.ldpa(run, _ldpa_splits(run, o), o.temperature)
+  return [_json(out, "ldpa.json", res, src),
           dyck.plot_ldpa(res, _path(out, "ldpa.png"))]
 
 
-def _pcfg(run, out, o):
+def _check_ldpa(runs, o):
+  require_task("ldpa", runs[0], ("dyck_lm", "dyck_closing"))
+  for s in _ldpa_splits(runs[0], o):
+    check_split("ldpa", runs[0], s)
+
+
+def _pcfg(run, out, o, src, _):
   res = dyck.pcfg_timescales(run, o.split, tau=o.temperature)
-  return [write_json(_path(out, "pcfg_timescales.json"), res),
+  return [_json(out, "pcfg_timescales.json", res, src),
           dyck.plot_pcfg_timescales(res, _path(out, "pcfg_timescales.png"))]
 
 
-def _frequency(run, out, o):
+def _check_pcfg(runs, o):
+  require_task("pcfg_timescales", runs[0], ("dyck_pcfg",))
+  check_split("pcfg_timescales", runs[0], o.split)
+
+
+def _frequency(run, out, o, src, _):
   if o.compare is None:
     res = perplexity.frequency(run, o.split, o.temperature)
   else:
     res = perplexity.compare_frequency(
         run, o.compare, o.split, o.num_resamples, seed=o.seed,
-        tau_a=o.temperature)
-  return [write_json(_path(out, "frequency.json"), res),
+        tau_a=o.temperature, tau_b=o.temperature)
+  return [_json(out, "frequency.json", res, src),
           perplexity.plot_frequency(res, _path(out, "frequency.png"),
                                     o.labels)]
 
 
-def _timescales(run, out, o):
+def _check_frequency(runs, o):
+  for r in runs:
+    require_task("frequency", r, ("lm",))
+    check_split("frequency", r, o.split)
+
+
+def _timescales(run, out, o, src, _):
   res = timescales.estimate(run, o.split, o.temperature, o.max_tokens,
                             o.max_sequences)
-  return [write_json(_path(out, "timescales.json"), res),
+  return [_json(out, "timescales.json", res, src),
           timescales.plot_scatter(res, _path(out, "timescales_scatter.png")),
           timescales.plot_ks(res, _path(out, "timescales_ks.png"))]
 
 
-def _forget_heatmap(run, out, o):
+def _forget_layers(name):
+  def check(runs, o):
+    timescales._layers(name, runs[0])
+    check_split(name, runs[0], o.split)
+  return check
+
+
+def _forget_heatmap(run, out, o, src, _):
   res = timescales.forget_heatmap(run, o.split, tau=o.temperature)
-  return [write_json(_path(out, "forget_heatmap.json"), res),
+  return [_json(out, "forget_heatmap.json", res, src),
           timescales.plot_forget_heatmap(res,
                                          _path(out, "forget_heatmap.png"))]
 
 
-def _ablation(run, out, o):
+def _ablation(run, out, o, src, _):
   res = timescales.word_ablation(run, o.split, o.position,
                                  tau=o.temperature, max_tokens=o.max_tokens,
                                  max_sequences=o.max_sequences or 256)
-  return [write_json(_path(out, "word_ablation.json"), res),
+  return [_json(out, "word_ablation.json", res, src),
           timescales.plot_ablation(res, _path(out, "word_ablation.png"))]
 
 
-def _angles(run, out, o):
+def _angles(run, out, o, src, _):
   res = attention.principal_angles(run)
-  return [write_json(_path(out, "principal_angles.json"), res),
+  return [_json(out, "principal_angles.json", res, src),
           attention.plot_principal_angles(res,
                                           _path(out, "principal_angles.png"))]
 
 
-def _heatmap(run, out, o):
+def _check_attention(name):
+  def check(runs, o):
+    require_task(name, runs[0], attention.TOKEN_TASKS)
+    require_layers(name, runs[0], MULTI_CELL_LSTMS, attention.WHAT)
+    if name == "attention_heatmap":
+      check_split(name, runs[0], o.split)
+      if o.sentence is not None:
+        _check_text(name, runs[0], o.sentence)
+  return check
+
+
+def _check_text(name, run, text):
+  if not hasattr(run.task, "encode_text"):
+    raise fail(name, run, f"--sentence needs a run of a text task (lm); "
+               f"this run's task is {run.task.name!r}")
+  run.encode(text)
+
+
+def _heatmap(run, out, o, src, _):
   res = attention.attention_map(run, o.split, text=o.sentence,
                                 tau=o.temperature)
   html_path = _path(out, "attention_heatmap.html")
   with open(html_path, "w", encoding="utf-8") as f:
     f.write(attention.heatmap_html(res))
-  return [write_json(_path(out, "attention_heatmap.json"), res), html_path,
+  return [_json(out, "attention_heatmap.json", res, src), html_path,
           attention.plot_heatmap(res, _path(out, "attention_heatmap.png"))]
 
 
-def _gradient_ratio(run, out, o):
+def _gradient_ratio(run, out, o, src, _):
   res = tree_gradients.gradient_ratio(run, o.split, o.max_trees)
-  return [write_json(_path(out, "gradient_ratio.json"), res),
+  return [_json(out, "gradient_ratio.json", res, src),
           tree_gradients.plot_gradient_ratio(
               res, _path(out, "gradient_ratio.png"))]
 
 
-def _pairs(o, run):
+def _check_gradient_ratio(runs, o):
+  tree_gradients.require_keyword_trees(runs[0])
+  check_split("gradient_ratio", runs[0], o.split, default="train")
+
+
+def _read_pairs(o, strict_category):
+  """The pairs of --pairs: files / directories, then BLiMP if named."""
   if not o.pairs:
     raise AnalysisError("minimal_pairs: give --pairs (JSONL files or "
                         "directories of them, or 'blimp')")
-  pairs = []
-  for p in o.pairs:
-    if p == "blimp":
-      pairs += minimal_pairs.blimp_pairs(data_dir=o.data_dir)
-    else:
-      pairs += minimal_pairs.read_pairs(p, o.category_field)
+  files = [p for p in o.pairs if p != "blimp"]
+  pairs = minimal_pairs.read_pairs(files, o.category_field,
+                                   strict_category) if files else []
+  if "blimp" in o.pairs:
+    pairs += minimal_pairs.blimp_pairs(data_dir=o.data_dir)
   return pairs
 
 
-def _minimal_pairs(run, out, o):
-  runs = [run] + ([o.compare] if o.compare is not None else [])
-  res = minimal_pairs.compare(runs, _pairs(o, run))
-  return [write_json(_path(out, "minimal_pairs.json"), res),
+def _minimal_pairs(run, out, o, src, pairs):
+  runs = _runs(run, o)
+  res = minimal_pairs.compare(runs, pairs, tau=o.temperature)
+  return [_json(out, "minimal_pairs.json", res, src),
           minimal_pairs.plot_categories(res["results"],
                                         list(o.labels[:len(runs)]),
                                         _path(out, "minimal_pairs.png"))]
 
 
-def _token_losses(run, out, o):
-  if not o.sentence:
-    raise AnalysisError("token_losses: give --sentence")
-  runs = [run] + ([o.compare] if o.compare is not None else [])
-  res = [minimal_pairs.sentence_log_probs(r, o.sentence) for r in runs]
-  return [write_json(_path(out, "token_losses.json"),
-                     {"runs": [r.workdir for r in runs], "results": res}),
+def _check_minimal_pairs(runs, o, strict_category=False):
+  for r in runs:
+    require_task("minimal_pairs", r, ("lm",))
+  pairs = _read_pairs(o, strict_category)
+  for r in runs:        # a sentence a run cannot encode fails here
+    minimal_pairs.encode_pairs(r, pairs, minimal_pairs.normalisation(r))
+  return pairs
+
+
+def _token_losses(run, out, o, src, _):
+  runs = _runs(run, o)
+  res = [minimal_pairs.sentence_log_probs(r, o.sentence, tau=o.temperature)
+         for r in runs]
+  return [_json(out, "token_losses.json",
+                {"runs": [r.workdir for r in runs], "results": res}, src),
           minimal_pairs.plot_sentence(res, list(o.labels[:len(runs)]),
                                       _path(out, "token_losses.png"))]
 
 
-def _word_position(run, out, o):
+def _check_token_losses(runs, o):
+  if not o.sentence:
+    raise AnalysisError("token_losses: give --sentence")
+  for r in runs:
+    require_task("token_losses", r, ("lm",))
+    minimal_pairs.encode_sentence(r, o.sentence)
+
+
+def _word_position(run, out, o, src, _):
   res = characters.position_losses(run, o.split, tau=o.temperature)
   ex = characters.prediction_examples(run, o.split, tau=o.temperature)
   with open(_path(out, "prediction_examples.txt"), "w",
             encoding="utf-8") as f:
     for e in ex["examples"]:
       f.write(f"{e['text']}\n{e['predicted']}\n\n")
-  return [write_json(_path(out, "word_position.json"), res),
+  return [_json(out, "word_position.json", res, src),
           characters.plot_positions(res, _path(out, "word_position.png")),
-          write_json(_path(out, "prediction_examples.json"), ex),
+          _json(out, "prediction_examples.json", ex, src),
           _path(out, "prediction_examples.txt"),
           characters.plot_examples(ex, _path(out,
                                              "prediction_examples.png"))]
 
 
-ANALYSES: dict[str, tuple[Callable, str]] = {
-    "perplexity": (_perplexity, "cross-entropy, perplexity, bits; oracle "
-                   "ratio (lm, dyck_lm)"),
-    "ldpa": (_ldpa, "LDPA per closing distance, WCPA (dyck_lm, "
-             "dyck_closing; Lin Fig. 2)"),
-    "pcfg_timescales": (_pcfg, "accuracy vs maximum timescale (dyck_pcfg; "
-                        "Mahto Fig. 2)"),
-    "frequency": (_frequency, "perplexity by training frequency; with "
-                  "--compare the bootstrap CI (lm; Mahto Table 1)"),
-    "timescales": (_timescales, "T_est per unit, scatter and KS fits "
-                   "(lstm/mts_lstm layers; Mahto eq. 3, Fig. 1, 4)"),
-    "forget_heatmap": (_forget_heatmap, "sorted forget gates of one "
-                       "sequence (Mahto Fig. 5)"),
-    "word_ablation": (_ablation, "cell-state decay after a word ablation "
-                      "(Mahto Fig. 6-8)"),
-    "principal_angles": (_angles, "PABS of the S W_hh matrices "
-                         "(attention/assignment LSTM; Lin Fig. 4-5)"),
-    "attention_heatmap": (_heatmap, "tokens coloured by argmax cell "
-                          "(attention LSTM; Lin Fig. 6), HTML and PNG"),
-    "gradient_ratio": (_gradient_ratio, "||dJ/dx_keyword|| / ||dJ/dx_root|| "
-                       "per depth and epoch (keyword trees; Le & Zuidema "
-                       "3.3)"),
-    "minimal_pairs": (_minimal_pairs, "accuracy per category on minimal "
-                      "pairs, --pairs (lm; Lin Table 3, BLiMP)"),
-    "token_losses": (_token_losses, "per-token log-probabilities of "
-                     "--sentence (lm; Lin sec. 5)"),
-    "word_position": (_word_position, "loss by position in word and "
-                      "prediction examples (char LMs; Maupome Fig. 2-3)"),
+def _check_word_position(runs, o):
+  characters.require_chars("word_position", runs[0])
+  check_split("word_position", runs[0], o.split)
+
+
+class Spec(NamedTuple):
+  fn: Callable           # (run, out, options, source, prepared) -> files
+  doc: str
+  check: Callable        # (runs, options) -> prepared; raises if it can't
+  reads: frozenset       # the Options fields it reads
+
+
+def _spec(fn, doc, check, reads=""):
+  return Spec(fn, doc, check, frozenset(reads.split()))
+
+
+_TAU = "split temperature "
+ANALYSES: dict[str, Spec] = {
+    "perplexity": _spec(_perplexity, "cross-entropy, perplexity, bits; "
+                        "oracle ratio (lm, dyck_lm)", _check_perplexity,
+                        _TAU + "compare"),
+    "ldpa": _spec(_ldpa, "LDPA per closing distance, WCPA (dyck_lm, "
+                  "dyck_closing; Lin Fig. 2)", _check_ldpa, _TAU),
+    "pcfg_timescales": _spec(_pcfg, "accuracy vs maximum timescale "
+                             "(dyck_pcfg; Mahto Fig. 2)", _check_pcfg, _TAU),
+    "frequency": _spec(_frequency, "perplexity by training frequency; with "
+                       "--compare the bootstrap CI (lm; Mahto Table 1)",
+                       _check_frequency,
+                       _TAU + "compare labels num_resamples seed"),
+    "timescales": _spec(_timescales, "T_est per unit, scatter and KS fits "
+                        "(lstm/mts_lstm layers; Mahto eq. 3, Fig. 1, 4)",
+                        _forget_layers("timescales"),
+                        _TAU + "max_tokens max_sequences"),
+    "forget_heatmap": _spec(_forget_heatmap, "sorted forget gates of one "
+                            "sequence (Mahto Fig. 5)",
+                            _forget_layers("forget_heatmap"), _TAU),
+    "word_ablation": _spec(_ablation, "cell-state decay after a word "
+                           "ablation (Mahto Fig. 6-8)",
+                           _forget_layers("word_ablation"),
+                           _TAU + "position max_tokens max_sequences"),
+    "principal_angles": _spec(_angles, "PABS of the S W_hh matrices "
+                              "(attention/assignment LSTM; Lin Fig. 4-5)",
+                              _check_attention("principal_angles")),
+    "attention_heatmap": _spec(_heatmap, "tokens coloured by argmax cell "
+                               "(attention LSTM; Lin Fig. 6), HTML and PNG",
+                               _check_attention("attention_heatmap"),
+                               _TAU + "sentence"),
+    "gradient_ratio": _spec(_gradient_ratio, "||dJ/dx_keyword|| / "
+                            "||dJ/dx_root|| per depth and epoch (keyword "
+                            "trees; Le & Zuidema 3.3)", _check_gradient_ratio,
+                            "split max_trees"),
+    "minimal_pairs": _spec(_minimal_pairs, "accuracy per category on "
+                           "minimal pairs, --pairs (lm; Lin Table 3, BLiMP)",
+                           _check_minimal_pairs, "temperature compare labels "
+                           "pairs category_field data_dir"),
+    "token_losses": _spec(_token_losses, "per-token log-probabilities of "
+                          "--sentence (lm; Lin sec. 5)", _check_token_losses,
+                          "temperature compare labels sentence"),
+    "word_position": _spec(_word_position, "loss by position in word and "
+                           "prediction examples (char LMs; Maupome Fig. 2-3)",
+                           _check_word_position, _TAU),
 }
+
+# --compare with these needs runs of the same task and data (their numbers
+# are read side by side, token by token for frequency and token_losses).
+SAME_DATA = ("perplexity", "frequency", "token_losses")
+# What tells runs' data apart, per task (config.data fields).
+_DATA_FIELDS = {"lm": ("corpus",), "dyck_lm": ("k", "m"),
+                "dyck_closing": ("k", "m"), "dyck_pcfg": ("preset",),
+                "trees": ("dataset", "experiment")}
+_POSITIVE = ("num_resamples", "max_tokens", "max_sequences", "max_trees")
+ALIASES = {"compare_step": "compare"}   # command-line flags -> Options
 
 
 def names() -> list[str]:
   return list(ANALYSES)
 
 
-def run_analyses(run, analyses, out: str | None = None,
-                 options: Options | None = None, **kwargs
-                 ) -> dict[str, list[str]]:
-  """Runs the named analyses on `run`; returns the files each wrote (in
-  `out`, default RUN/analysis). Options come as an `Options` or keywords."""
+# ---------------------------------------------------------------- checks
+
+def _check_values(o: Options) -> None:
+  """Option values no analysis can use."""
+  if o.temperature is not None:
+    check_temperature("--temperature", o.temperature)
+  for k in _POSITIVE:
+    v = getattr(o, k)
+    if v is not None and v < 1:
+      raise AnalysisError(f"--{k} must be >= 1, got {v}")
+  if o.position < 0:
+    raise AnalysisError(f"--position must be >= 0, got {o.position}")
+
+
+def _given(o: Options) -> list[str]:
+  """The options set to other than their defaults."""
+  default = Options()
+  return [f.name for f in dataclasses.fields(o)
+          if getattr(o, f.name) is not getattr(default, f.name)
+          and getattr(o, f.name) != getattr(default, f.name)]
+
+
+def _check_given(analyses, given) -> None:
+  """Every given option (flag) is read by one of `analyses`."""
+  for flag in given:
+    field = ALIASES.get(flag, flag)
+    if not any(field in ANALYSES[a].reads for a in analyses):
+      readers = [a for a, s in ANALYSES.items() if field in s.reads]
+      raise AnalysisError(f"--{flag} is read by {', '.join(readers)}; not "
+                          f"by {', '.join(analyses)}")
+
+
+def describe(run) -> str:
+  """The run's task and what tells its data apart ("task 'lm', corpus
+  'ptb'")."""
+  fields = _DATA_FIELDS.get(run.task.name, ())
+  data = run.config.data
+  return ", ".join([f"task {run.task.name!r}"] + [
+      f"data.{k} {getattr(data, k, None)!r}" for k in fields])
+
+
+def _check_compare(analyses, run, other) -> None:
+  same = [a for a in analyses if a in SAME_DATA]
+  if other is not None and same and describe(run) != describe(other):
+    raise AnalysisError(
+        f"--compare: {', '.join(same)} cannot compare runs of another task "
+        f"or data: {run.workdir} has {describe(run)}, {other.workdir} has "
+        f"{describe(other)}")
+
+
+def check(run, analyses, o: Options, given=None) -> dict:
+  """Checks that every analysis applies to `run` (and o.compare) before
+  any runs; returns what each prepared (minimal_pairs: its pairs)."""
+  given = _given(o) if given is None else list(given)
+  _check_values(o)
+  _check_given(analyses, given)
+  _check_compare(analyses, run, o.compare)
+  prepared = {}
+  for a in analyses:
+    spec = ANALYSES[a]
+    runs = _runs(run, o) if "compare" in spec.reads else [run]
+    if a == "minimal_pairs":
+      prepared[a] = spec.check(runs, o, "category_field" in given)
+    else:
+      prepared[a] = spec.check(runs, o)
+  return prepared
+
+
+def _source(name, run, o) -> dict:
+  """What produced an analysis' results: run, step, replica, tau."""
+  reads = ANALYSES[name].reads
+  runs = _runs(run, o) if "compare" in reads else [run]
+  out = []
+  for r in runs:
+    d = {"workdir": r.workdir, "step": getattr(r, "step", None),
+         "replica": getattr(r, "replica", None)}
+    if "temperature" in reads:
+      d["temperature"] = temperature(r, o.temperature)
+    out.append(d)
+  src = {"analysis": name, **out[0]}
+  if len(out) > 1:
+    src["compare"] = out[1]
+  return src
+
+
+def _names(analyses) -> list[str]:
   analyses = [a.strip() for a in (analyses.split(",") if isinstance(
       analyses, str) else analyses) if a.strip()]
   unknown = [a for a in analyses if a not in ANALYSES]
@@ -219,9 +432,24 @@ def run_analyses(run, analyses, out: str | None = None,
     raise AnalysisError(f"unknown analyses {unknown}; known: "
                         f"{', '.join(ANALYSES)}" if unknown else
                         "no analysis named")
+  return analyses
+
+
+def run_analyses(run, analyses, out: str | None = None,
+                 options: Options | None = None, given=None, **kwargs
+                 ) -> dict[str, list[str]]:
+  """Runs the named analyses on `run`; returns the files each wrote (in
+  `out`, default RUN/analysis). Options come as an `Options` or keywords;
+  `given`: the options (flag names) the caller set, default those not at
+  their defaults — each must be read by one of the analyses. Every
+  analysis is checked before any writes a file."""
+  analyses = _names(analyses)
   o = options or Options(**kwargs)
+  prepared = check(run, analyses, o, given)
   out = output_dir(run, out)
-  return {a: ANALYSES[a][0](run, out, o) for a in analyses}
+  return {a: ANALYSES[a].fn(run, out, o, _source(a, run, o), prepared[a])
+          for a in analyses}
 
 
-__all__ = ["ANALYSES", "Options", "names", "run_analyses"]
+__all__ = ["ANALYSES", "Options", "Spec", "check", "describe", "names",
+           "run_analyses"]

@@ -169,6 +169,10 @@ def batches(task, split: str, max_tokens: int | None = None,
   TBPTT windows (carry_over True: each window continues the last), or the
   Dyck tasks' padded sequences (carry_over False)."""
   from sorjax.data import batching
+  for flag, v in (("max_tokens", max_tokens),
+                  ("max_sequences", max_sequences)):
+    if v is not None and v < 1:
+      raise ValueError(f"--{flag} must be >= 1, got {v}")
   if task.name == "lm":
     d = task.data_cfg
     ids = task.split_ids[split]

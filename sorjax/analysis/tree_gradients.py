@@ -89,18 +89,24 @@ def depth_stats(depth: np.ndarray, ratio: np.ndarray) -> dict:
   return out
 
 
+def require_keyword_trees(run) -> None:
+  """An error unless `run` is a trees run on the keyword dataset."""
+  name = "gradient_ratio"
+  require_task(name, run, ("trees",))
+  if run.config.data.dataset != "keyword":
+    raise fail(name, run, "needs the keyword-tree task (data.dataset="
+               f"'keyword', Le & Zuidema 3): its trees mark the keyword "
+               f"leaf; this run uses data.dataset={run.config.data.dataset!r}")
+
+
 def gradient_ratio(run, split: str | None = None,
                    max_trees: int | None = 1000, initial: bool = True
                    ) -> dict:
   """The ratios per keyword depth for the initial params (epoch 0) and
   every kept end-of-epoch checkpoint, plus the dev accuracy per epoch."""
   name = "gradient_ratio"
-  require_task(name, run, ("trees",))
+  require_keyword_trees(run)
   task = run.task
-  if run.config.data.dataset != "keyword":
-    raise fail(name, run, "needs the keyword-tree task (data.dataset="
-               f"'keyword', Le & Zuidema 3): its trees mark the keyword "
-               f"leaf; this run uses data.dataset={run.config.data.dataset!r}")
   split = check_split(name, run, split, default="train")
   reader = CheckpointReader(run)
   by_epoch = {}
@@ -179,4 +185,4 @@ def plot_gradient_ratio(result: dict, path: str, max_lines: int = 6) -> str:
 
 
 __all__ = ["depth_stats", "gradient_ratio", "plot_gradient_ratio",
-           "tree_ratios"]
+           "require_keyword_trees", "tree_ratios"]

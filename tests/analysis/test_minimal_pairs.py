@@ -10,6 +10,7 @@ import types
 
 import numpy as np
 import pytest
+import scipy.special
 
 from sorjax.analysis import minimal_pairs as mp
 from sorjax.analysis.common import AnalysisError
@@ -30,10 +31,14 @@ class _BigramRun:
     self.task = types.SimpleNamespace(name="lm", vocab=self.vocab)
     self.config = types.SimpleNamespace(data=types.SimpleNamespace(
         corpus=corpus))
-    self.workdir = f"/fake/{corpus}"
+    self.workdir, self.step, self.replica = f"/fake/{corpus}", 7, 0
+
+  def eval_temperature(self):
+    return 1.0
 
   def log_probs(self, tokens, lengths=None, temperature=None):
-    return self.table[np.asarray(tokens)]
+    lp = self.table[np.asarray(tokens)] / (temperature or 1.0)
+    return lp - scipy.special.logsumexp(lp, -1, keepdims=True)
 
   def score(self, symbols):
     ids = [self.vocab.id(s) for s in ["<eos>"] + symbols]
@@ -55,8 +60,9 @@ def test_read_pairs_files_directories_and_located_errors(tmp_path):
   _write(tmp_path / "npi.jsonl.gz", [
       {"sentence_good": "e", "sentence_bad": "f", "UID": "y"}], gz=True)
   pairs = mp.read_pairs(str(tmp_path))
-  assert pairs == [mp.Pair("a b", "b a", "x"), mp.Pair("c", "d", "agr"),
-                   mp.Pair("e", "f", "y")]
+  assert [p[:3] for p in pairs] == [("a b", "b a", "x"), ("c", "d", "agr"),
+                                    ("e", "f", "y")]
+  assert pairs[1].where == f"{tmp_path / 'agr.jsonl'}:2"
   assert mp.read_pairs(str(tmp_path / "agr.jsonl"), None)[0].category == "agr"
   os.makedirs(tmp_path / "bad")
   bad = _write(tmp_path / "bad" / "b.jsonl", [
@@ -69,6 +75,25 @@ def test_read_pairs_files_directories_and_located_errors(tmp_path):
     mp.read_pairs(bad)
   with pytest.raises(FileNotFoundError, match="no such file"):
     mp.read_pairs(str(tmp_path / "nope.jsonl"))
+
+
+def test_unreadable_pair_files_and_a_misspelt_category_field(tmp_path):
+  path = tmp_path / "b.jsonl"
+  good = json.dumps({"sentence_good": "a", "sentence_bad": "b", "UID": "u"})
+  path.write_bytes(good.encode() + b"\n\xff\xfe\n")
+  with pytest.raises(ValueError, match=r"b\.jsonl:2: not UTF-8 text"):
+    mp.read_pairs(str(path))
+  fake = tmp_path / "f.jsonl.gz"
+  fake.write_text(good + "\n")
+  with pytest.raises(ValueError, match=r"f\.jsonl\.gz: not a readable gzip "
+                     "file"):
+    mp.read_pairs(str(fake))
+  path.write_text(good + "\n")
+  assert mp.read_pairs(str(path), "UIDX")[0].category == "b"   # file's name
+  with pytest.raises(ValueError, match=r"no line of .* has the category "
+                     r"field 'UIDX'; their fields are \['UID', "
+                     r"'sentence_bad', 'sentence_good'\]"):
+    mp.read_pairs(str(path), "UIDX", require_category=True)
 
 
 def test_text_to_symbols_with_unk_and_dropped_punctuation():
@@ -96,6 +121,17 @@ def test_character_corpora_join_words_their_way():
   with pytest.raises(ValueError, match="character 'z' is not in the "
                      "ptb_char_maupome vocabulary"):
     mp.encode_sentence(run, "the zebra")
+
+
+def test_a_sentence_the_vocabulary_cannot_encode_names_its_line(tmp_path):
+  run = _BigramRun(["<eos>", "_", "t", "h", "e", "c", "a"],
+                   corpus="ptb_char", unk=None)
+  path = _write(tmp_path / "p.jsonl", [
+      {"sentence_good": "the cat", "sentence_bad": "the act"},
+      {"sentence_good": "the cat", "sentence_bad": "th\u00e9 cat"}])
+  with pytest.raises(ValueError, match=r"p\.jsonl:2: sentence 'th\u00e9 "
+                     "cat': character '\u00e9' is not in the ptb_char"):
+    mp.evaluate(run, mp.read_pairs(path))
 
 
 def test_scores_and_category_accuracy_under_a_bigram_lm(tmp_path):
@@ -141,6 +177,10 @@ def test_per_token_log_probs_of_one_sentence(tmp_path):
                                                "The dog sleeps")],
                    ["a", "b"], str(tmp_path / "s.png"))
   assert (tmp_path / "s.png").stat().st_size > 0
+  hot = mp.sentence_log_probs(run, "The dog sleeps", tau=2.0)["log_probs"]
+  np.testing.assert_allclose(hot, run.log_probs(ids, temperature=2.0)[
+      np.arange(3), ids[1:]])
+  assert not np.allclose(hot, res["log_probs"])
 
 
 def test_minimal_pairs_need_an_lm_run():
@@ -161,7 +201,8 @@ def test_blimp_through_its_builder_equals_the_jsonl_files(tmp_path,
   pairs = mp.blimp_pairs(data_dir=str(tmp_path / "tfds"),
                          manual_dir=str(manual), verify_checksums=False)
   direct = mp.read_pairs(str(manual))
-  assert len(pairs) == 2000 and sorted(pairs) == sorted(direct)
+  assert len(pairs) == 2000 and sorted(p[:3] for p in pairs) == sorted(
+      p[:3] for p in direct)
   assert {p.category for p in pairs} == set(names)
   field = mp.blimp_pairs(data_dir=str(tmp_path / "tfds"),
                          manual_dir=str(manual), verify_checksums=False,

@@ -2,11 +2,12 @@
 
 import json
 import math
+import types
 
 import numpy as np
 import pytest
 
-from sorjax.analysis import runner
+from sorjax.analysis import runner, traces
 from sorjax.analysis.common import AnalysisError, jsonable, write_json
 from tests.analysis.test_minimal_pairs import _BigramRun, _write
 
@@ -48,3 +49,105 @@ def test_minimal_pairs_and_token_losses_write_their_files(tmp_path):
   with open(out["minimal_pairs"][0]) as f:
     res = json.load(f)
   assert [r["categories"]["agr"]["pairs"] for r in res["results"]] == [1, 1]
+
+
+def _pairs_file(tmp_path):
+  return _write(tmp_path / "p.jsonl", [
+      {"sentence_good": "the cat sleeps", "sentence_bad": "the cat sleep",
+       "UID": "agr"}])
+
+
+@pytest.mark.parametrize("tau", [0.0, -1.0, math.nan, math.inf])
+def test_a_temperature_that_is_not_finite_and_positive_is_refused(
+    tmp_path, tau):
+  with pytest.raises(ValueError, match=r"--temperature: temperature must be "
+                     r"a finite number > 0"):
+    runner.run_analyses(_BigramRun(), ["token_losses"], str(tmp_path / "o"),
+                        sentence="the cat", temperature=tau)
+  assert not (tmp_path / "o").exists()
+
+
+def test_the_temperature_applies_to_both_runs_and_is_recorded(tmp_path):
+  run, other = _BigramRun(), _BigramRun(seed=3)
+  out = runner.run_analyses(run, ["token_losses"], str(tmp_path),
+                            sentence="the cat", compare=other,
+                            temperature=2.0)
+  with open(out["token_losses"][0]) as f:
+    res = json.load(f)
+  ids = np.array([0, 2, 3])             # <eos> the cat
+  for r, got in zip((run, other), res["results"]):
+    lp = r.log_probs(ids, temperature=2.0)[np.arange(2), ids[1:]]
+    np.testing.assert_allclose(got["log_probs"], lp)
+  assert res["source"] == {
+      "analysis": "token_losses", "workdir": "/fake/ptb", "step": 7,
+      "replica": 0, "temperature": 2.0,
+      "compare": {"workdir": "/fake/ptb", "step": 7, "replica": 0,
+                  "temperature": 2.0}}
+
+
+@pytest.mark.parametrize("option", ["max_tokens", "max_sequences",
+                                    "max_trees", "num_resamples"])
+def test_non_positive_limits_are_refused(tmp_path, option):
+  with pytest.raises(AnalysisError, match=f"--{option} must be >= 1, got 0"):
+    runner.run_analyses(_BigramRun(), ["perplexity"], str(tmp_path),
+                        **{option: 0})
+
+
+def test_options_no_chosen_analysis_reads_are_refused(tmp_path):
+  run = _BigramRun()
+  with pytest.raises(AnalysisError, match="--pairs is read by minimal_pairs; "
+                     "not by token_losses"):
+    runner.run_analyses(run, ["token_losses"], str(tmp_path),
+                        sentence="the cat", pairs=(_pairs_file(tmp_path),))
+  with pytest.raises(AnalysisError, match="--compare is read by perplexity, "
+                     "frequency, minimal_pairs, token_losses; not by ldpa"):
+    runner.run_analyses(run, ["ldpa"], str(tmp_path), compare=_BigramRun())
+  with pytest.raises(AnalysisError, match="--sentence is read by "
+                     "attention_heatmap, token_losses; not by minimal_pairs"):
+    runner.run_analyses(run, ["minimal_pairs"], str(tmp_path),
+                        pairs=(_pairs_file(tmp_path),), sentence="x")
+  with pytest.raises(AnalysisError, match="--compare_step is read by "
+                     "perplexity, "):                # a flag's given names
+    runner.run_analyses(run, ["word_position"], str(tmp_path),
+                        given=["compare_step"])
+
+
+def test_every_analysis_is_checked_before_any_writes(tmp_path):
+  out = tmp_path / "out"
+  with pytest.raises(AnalysisError, match="give --sentence"):
+    runner.run_analyses(_BigramRun(), "minimal_pairs,token_losses", str(out),
+                        pairs=(_pairs_file(tmp_path),))
+  assert not out.exists()
+
+
+def test_runs_of_other_data_cannot_be_compared(tmp_path):
+  chars = _BigramRun(["<eos>", "_", "t", "h", "e", "c", "a"],
+                     corpus="ptb_char", unk=None)
+  with pytest.raises(AnalysisError, match=r"--compare: token_losses cannot "
+                     r"compare runs of another task or data: /fake/ptb has "
+                     r"task 'lm', data.corpus 'ptb', /fake/ptb_char has task "
+                     r"'lm', data.corpus 'ptb_char'"):
+    runner.run_analyses(_BigramRun(), ["token_losses"], str(tmp_path / "o"),
+                        sentence="the cat", compare=chars)
+  assert not (tmp_path / "o").exists()
+
+
+def test_a_misspelt_category_field_and_an_out_file_are_refused(tmp_path):
+  pairs = (_pairs_file(tmp_path),)
+  with pytest.raises(ValueError, match="has the category field 'UIDX'; "
+                     r"their fields are \['UID', "):
+    runner.run_analyses(_BigramRun(), ["minimal_pairs"], str(tmp_path),
+                        pairs=pairs, category_field="UIDX")
+  (tmp_path / "afile").write_text("")
+  with pytest.raises(AnalysisError, match=r"--out .*afile is a file, not a "
+                     "directory"):
+    runner.run_analyses(_BigramRun(), ["minimal_pairs"],
+                        str(tmp_path / "afile"), pairs=pairs)
+
+
+def test_trace_batches_refuse_non_positive_limits():
+  task = types.SimpleNamespace(name="lm")
+  with pytest.raises(ValueError, match="--max_tokens must be >= 1, got 0"):
+    next(traces.batches(task, "test", max_tokens=0))
+  with pytest.raises(ValueError, match="--max_sequences must be >= 1, got -2"):
+    next(traces.batches(task, "test", max_sequences=-2))

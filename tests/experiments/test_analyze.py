@@ -15,7 +15,7 @@ import pytest
 import sorjax
 from experiments import train
 from experiments.configs import common
-from sorjax.analysis import runner
+from sorjax.analysis import perplexity, runner
 from sorjax.analysis.common import AnalysisError
 from tests.experiments import tiny_dyck, tiny_trees
 
@@ -134,7 +134,7 @@ def test_wrong_run_types_are_clear_errors(dyck_run, tmp_path):
                     ("frequency", "needs a 'lm' run"),
                     ("pcfg_timescales", "needs a 'dyck_pcfg' run"),
                     ("word_position", "needs a 'lm' run"),
-                    ("minimal_pairs", "give --pairs")):
+                    ("minimal_pairs", "needs a 'lm' run")):
     with pytest.raises(AnalysisError, match=msg):
       runner.run_analyses(run, [name], str(tmp_path), pairs=())
 
@@ -209,3 +209,59 @@ def test_tree_gradient_ratio_per_epoch(tree_run):
   assert set(res["dev_accuracy"]) == {"1", "2"}
   with pytest.raises(AnalysisError, match="needs a 'lm' or 'dyck_lm' run"):
     runner.run_analyses(run, ["perplexity"])
+
+
+def test_the_cli_checks_every_analysis_before_writing(lm_run, tmp_path):
+  out = tmp_path / "out"
+  res = subprocess.run(
+      [sys.executable, "-m", "experiments.analyze", f"--workdir={lm_run}",
+       "--analyses=perplexity,ldpa", f"--out={out}"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
+  assert res.returncode == 1
+  assert "ldpa: needs a 'dyck_lm' or 'dyck_closing' run" in res.stderr
+  assert not out.exists()
+
+
+def test_compare_gets_the_same_temperature_and_the_source_is_recorded(
+    lm_run, tmp_path):
+  run = sorjax.restore(lm_run)
+  other = run.with_replica(1)
+  written = runner.run_analyses(run, "perplexity,frequency", str(tmp_path),
+                                compare=other, temperature=2.0,
+                                num_resamples=20)
+  with open(written["perplexity"][0]) as f:
+    ppl = json.load(f)
+  assert ppl["other"]["cross_entropy"] == pytest.approx(
+      perplexity.perplexity(other, None, 2.0)["cross_entropy"])
+  assert ppl["source"] == {
+      "analysis": "perplexity", "workdir": run.workdir, "step": run.step,
+      "replica": 0, "temperature": 2.0,
+      "compare": {"workdir": run.workdir, "step": run.step, "replica": 1,
+                  "temperature": 2.0}}
+  with open(written["frequency"][0]) as f:
+    freq = json.load(f)
+  assert freq["b"]["all tokens"]["cross_entropy"] == pytest.approx(
+      perplexity.frequency(other, None, 2.0)["bins"]["all tokens"][
+          "cross_entropy"])
+
+
+def test_runs_of_other_tasks_and_text_for_a_dyck_run_are_refused(
+    lm_run, dyck_run, tmp_path):
+  lm, dyck = sorjax.restore(lm_run), sorjax.restore(dyck_run)
+  with pytest.raises(AnalysisError, match=r"--compare: perplexity cannot "
+                     r"compare runs of another task or data: .* has task "
+                     r"'lm', data.corpus 'ptb_char_maupome', .* has task "
+                     r"'dyck_lm', data.k 2, data.m 3"):
+    runner.run_analyses(lm, ["perplexity"], str(tmp_path / "o"),
+                        compare=dyck)
+  with pytest.raises(AnalysisError, match="attention_heatmap: --sentence "
+                     r"needs a run of a text task \(lm\); this run's task is "
+                     "'dyck_lm'"):
+    runner.run_analyses(dyck, ["attention_heatmap"], str(tmp_path / "o"),
+                        sentence="(()")
+  assert not (tmp_path / "o").exists()
+  written = runner.run_analyses(dyck, ["perplexity"], str(tmp_path / "o"))
+  with open(written["perplexity"][0]) as f:
+    src = json.load(f)["source"]
+  assert src["step"] == dyck.step and src["temperature"] == pytest.approx(
+      dyck.eval_temperature()) and "compare" not in src

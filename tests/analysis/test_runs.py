@@ -1,0 +1,120 @@
+"""sorjax.runs: Run.log_probs checks its inputs on the host (tokens,
+lengths, temperature) and load_config names what is wrong with a damaged
+config.json."""
+
+import json
+import math
+
+import jax
+import numpy as np
+import pytest
+
+from sorjax.runs import Run, load_config
+from sorjax.training.loop import Trainer
+from sorjax.training.tasks import make_task
+from tests.experiments import tiny_dyck
+
+
+@pytest.fixture(scope="module")
+def run(tmp_path_factory):
+  """An untrained tiny Dyck run (the init params; no checkpoint needed)."""
+  cfg = tiny_dyck.get_config()
+  task = make_task(cfg)
+  workdir = str(tmp_path_factory.mktemp("run"))
+  params = jax.jit(Trainer(task, cfg, workdir).init_state)().params
+  return Run(workdir, 0, cfg, task, params, {})
+
+
+@pytest.mark.parametrize("tau", [0, -1.0, math.nan, math.inf, "hot"])
+def test_log_probs_refuse_a_temperature_not_finite_and_positive(run, tau):
+  with pytest.raises(ValueError, match=r"log_probs: temperature must be a "
+                     r"finite number > 0, got"):
+    run.log_probs(np.zeros((2, 3), np.int32), temperature=tau)
+
+
+@pytest.mark.parametrize("lengths, msg", [
+    ([5, 5], r"lengths must be in \[0, T\] = \[0, 3\], got \[5\]"),
+    ([-1, -1], r"lengths must be in \[0, T\] = \[0, 3\], got \[-1\]"),
+    ([1.5, 2.0], "lengths must be integers, got float"),
+    ([3], r"lengths must have shape \[B\] = \[2\]")])
+def test_log_probs_check_lengths(run, lengths, msg):
+  with pytest.raises(ValueError, match="log_probs: " + msg):
+    run.log_probs(np.zeros((2, 3), np.int32), lengths=lengths)
+
+
+def test_log_probs_with_valid_lengths_and_ragged_tokens(run):
+  tokens = np.array([[1, 2, 0], [2, 1, 1]], np.int32)
+  full = run.log_probs(tokens, lengths=[3, 3])
+  np.testing.assert_allclose(full, run.log_probs(tokens), rtol=1e-6)
+  np.testing.assert_allclose(run.log_probs(tokens[0], lengths=3), full[0],
+                             rtol=1e-6)
+  with pytest.raises(ValueError, match=r"tokens must be a rectangular int "
+                     r"array \[B, T\] or \[T\]"):
+    run.log_probs([[1, 2], [1]])
+  with pytest.raises(ValueError, match="text needs a run of a text task"):
+    run.log_probs("(()")
+
+
+def _without(section):
+  cfg = json.loads(tiny_dyck.get_config().to_json())
+  del cfg[section]
+  return json.dumps(cfg)
+
+
+def _as_list(section):
+  cfg = json.loads(tiny_dyck.get_config().to_json())
+  cfg[section] = []
+  return json.dumps(cfg)
+
+
+def _task(value):
+  cfg = json.loads(tiny_dyck.get_config().to_json())
+  cfg["task"] = value
+  return json.dumps(cfg)
+
+
+@pytest.mark.parametrize("text, msg", [
+    ('{"task": "lm",\n', r"is not valid JSON \(line 2, column 1"),
+    ("{}", "has no section 'task'"),
+    ("[1, 2]", "must hold a JSON object, got list"),
+    (_without("optim"), "has no section 'optim'"),
+    (_without("data"), "has no section 'data'"),
+    (_as_list("train"), "section 'train' must be a JSON object, got list"),
+    (_task(3), "'task' must be a task name, got 3")])
+def test_a_damaged_config_is_named(tmp_path, text, msg):
+  (tmp_path / "config.json").write_text(text)
+  with pytest.raises(ValueError, match=r"config\.json:? .*" + msg):
+    load_config(str(tmp_path))
+
+
+def test_a_config_that_is_a_directory_or_absent(tmp_path):
+  with pytest.raises(FileNotFoundError, match="is not a sorjax run"):
+    load_config(str(tmp_path))
+  (tmp_path / "config.json").mkdir()
+  with pytest.raises(ValueError, match=r"config\.json is not a file"):
+    load_config(str(tmp_path))
+  good = tmp_path / "ok"
+  good.mkdir()
+  (good / "config.json").write_text(tiny_dyck.get_config().to_json())
+  assert load_config(str(good)).task == "dyck_lm"
+
+
+@pytest.mark.parametrize("temperature, step, meta, want", [
+    (dict(eval_value=0.01), 7, {"epoch": 3}, 0.01),
+    # end of epoch 3 (position None): the loop evaluated at epoch 2
+    (dict(decay=0.5), 30, {"epoch": 3, "position": None}, 0.25),
+    # saved mid-epoch 3: the schedule's value there
+    (dict(decay=0.5), 35, {"epoch": 3, "position": {"batch": 5}}, 0.125),
+    (dict(decay=0.5, floor=0.3), 30, {"epoch": 3, "position": None}, 0.3),
+    (dict(decay=0.9, per="step"), 10, {"epoch": 1, "position": None},
+     0.9 ** 10),
+])
+def test_eval_temperature_is_the_loops_evaluation(run, temperature, step,
+                                                  meta, want):
+  """It ignored the floor and per-step decay, and read the epoch after the
+  one the loop evaluated an end-of-epoch checkpoint at."""
+  import dataclasses
+  config = run.config.copy_and_resolve_references()
+  config.temperature.update(temperature)
+  r = dataclasses.replace(run, config=config, step=step, meta=meta)
+  assert r.eval_temperature() == pytest.approx(want, rel=1e-6)
