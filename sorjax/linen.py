@@ -44,6 +44,12 @@ class CellAdapter(nn.RNNCellBase):
   param_dtype: Any = jnp.float32
 
   def __post_init__(self):
+    if not all(hasattr(self.cell, m) for m in ("initial_carry", "precompute",
+                                               "step")):
+      raise ValueError(f"CellAdapter: cell must be a sequence cell "
+                       f"(initial_carry, precompute, step); got "
+                       f"{type(self.cell).__name__} (tree cells run with "
+                       "sorjax.trees.run)")
     # Sorted (name, value) pairs, arrays as hashable Constants: the module
     # stays hashable (a valid static argument of jax.jit).
     if self.aux is not None and not isinstance(self.aux, tuple):

@@ -311,12 +311,17 @@ class TreeArrays(NamedTuple):
 def _lookup(kind: str, table, key, where: str, default=None) -> int:
   """vocab / label lookup with errors that name the tree and the key."""
   if table is None:
-    try:
-      return int(key)
+    try:  # ints, or their strings ("3" in SST); int(1.7) would be 1
+      if isinstance(key, (bool, np.bool_, float, np.floating)):
+        raise TypeError
+      value = int(key)
     except (TypeError, ValueError):
       raise ValueError(
           f"{where}: {kind} {key!r} is not an integer; pass a "
           f"{'vocab' if kind == 'word' else 'labels'} mapping") from None
+    if kind == "word" and value < 0:  # would index the table from its end
+      raise ValueError(f"{where}: word id {key!r} is negative")
+    return value
   if callable(table) and not isinstance(table, Mapping):
     return int(table(key))
   if key in table:
@@ -367,6 +372,49 @@ def _arrays(tree: Tree | Any, where: str, vocab, labels, unk) -> TreeArrays:
       height=ints([height[id(n)] for n in nodes]),
       left=ints([index[id(n.children[0])] for n in internal]),
       right=ints([index[id(n.children[1])] for n in internal]))
+
+
+def _check_arrays(a: TreeArrays, where: str) -> None:
+  """`TreeArrays` given to `encode` as `tree_arrays` makes them: a child
+  out of range, used twice or not below its parent, or heights and depths
+  that disagree with the children, would be composed into a wrong root (or
+  a cycle) without an error."""
+  a = TreeArrays(*map(np.asarray, a))
+  L = len(a.tokens)
+  if L < 1:
+    raise ValueError(f"{where}: a tree has at least one leaf; tokens are "
+                     f"{a.tokens.tolist()}")
+  want = dict(tokens=L, labels=2 * L - 1, depth=2 * L - 1,
+              height=2 * L - 1, left=L - 1, right=L - 1)
+  for name, n in want.items():
+    v = getattr(a, name)
+    if v.shape != (n,) or not np.issubdtype(v.dtype, np.integer):
+      raise ValueError(f"{where}: {name} must be {n} integers for {L} "
+                       f"leaves, got {v.dtype} {v.shape}")
+  if (a.tokens < 0).any():
+    raise ValueError(f"{where}: tokens must be >= 0, got {a.tokens.tolist()}")
+  parent = L + np.arange(L - 1)
+  for name in ("left", "right"):
+    c = getattr(a, name)
+    bad = np.flatnonzero((c < 0) | (c >= parent))
+    if bad.size:
+      k = int(bad[0])
+      raise ValueError(f"{where}: {name}[{k}] = {int(c[k])}: node {L + k}'s "
+                       f"children must be numbered 0..{L + k - 1}")
+  used = np.bincount(np.concatenate([a.left, a.right]), minlength=2 * L - 1)
+  if (used[:-1] != 1).any():
+    n = int(np.flatnonzero(used[:-1] != 1)[0])
+    raise ValueError(f"{where}: node {n} is the child of {int(used[n])} "
+                     "nodes; every node but the root has one parent")
+  height, depth = np.zeros(2 * L - 1, np.int64), np.zeros(2 * L - 1, np.int64)
+  for k in range(L - 1):
+    height[L + k] = 1 + max(height[a.left[k]], height[a.right[k]])
+  for k in reversed(range(L - 1)):
+    depth[a.left[k]] = depth[a.right[k]] = depth[L + k] + 1
+  for name, v in (("height", height), ("depth", depth)):
+    if (getattr(a, name) != v).any():
+      raise ValueError(f"{where}: {name} {getattr(a, name).tolist()} "
+                       f"disagrees with left and right ({v.tolist()})")
 
 
 def tree_arrays(tree: Tree | Any,
@@ -477,6 +525,9 @@ def encode(trees: Sequence[Tree | TreeArrays | Any],
   arrs = [t if isinstance(t, TreeArrays) else
           _arrays(t, f"encode: tree {b}", vocab, labels, unk)
           for b, t in enumerate(trees)]
+  for b, (t, a) in enumerate(zip(trees, arrs)):
+    if isinstance(t, TreeArrays):
+      _check_arrays(a, f"encode: tree {b}")
   B = len(arrs)
   n_leaves = np.asarray([len(a.tokens) for a in arrs])
   heights = np.asarray([a.height[-1] for a in arrs], np.int32)  # the roots'
@@ -565,8 +616,19 @@ def run(cell, params, leaf_inputs: jax.Array, schedule: Schedule, *,
       in the node numbering of this module; padded slots are zero.
     roots: the root states, each [B, H].
   """
+  if not (hasattr(cell, "leaf") and hasattr(cell, "compose")):
+    raise ValueError(f"run: {cells.name_of(cell)} is not a tree cell "
+                     "(tree_rnn, tree_lstm); sequence cells run with "
+                     "sorjax.unroll")
+  if not isinstance(remat, (bool, np.bool_)):
+    raise ValueError(f"run: remat must be True or False, got {remat!r}")
   B, L = schedule.tokens.shape
   N = schedule.node_mask.shape[1]
+  leaf_inputs = jnp.asarray(leaf_inputs)
+  if not jnp.issubdtype(leaf_inputs.dtype, jnp.floating):
+    raise ValueError(f"run: leaf_inputs must be floating vectors, got "
+                     f"{leaf_inputs.dtype} (integer states would be "
+                     "truncated)")
   if leaf_inputs.ndim != 3 or leaf_inputs.shape[:2] != (B, L):
     raise ValueError(
         f"run: leaf_inputs must be [B, L, D] = [{B}, {L}, D] like "
@@ -575,6 +637,7 @@ def run(cell, params, leaf_inputs: jax.Array, schedule: Schedule, *,
   # `cell.leaf` names leaf inputs of another size.
   base.check_params(f"run: {cells.name_of(cell)}", cell, params,
                     cell.hidden_size)
+  base.check_input_dtype(f"run: {cells.name_of(cell)}", params, leaf_inputs)
   leaf_mask = jnp.asarray(schedule.leaf_mask)[..., None]
 
   def slots(a):  # [B, L, H] leaf states -> [B * N, H] slots, zero elsewhere

@@ -469,6 +469,10 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       None from hidden size 128 (module doc).
     **aux: extra inputs of the cell, scalars or [B, T] per-token arrays.
   """
+  if not hasattr(cell, "initial_carry"):
+    raise ValueError(f"unroll: {cells.name_of(cell)} is not a sequence cell "
+                     "(it has no initial_carry); tree cells run with "
+                     "sorjax.trees.run")
   xs = jnp.asarray(xs)
   if xs.ndim != 3:
     raise ValueError(f"unroll: xs must be [B, T, D], got shape {xs.shape}")

@@ -375,6 +375,31 @@ def test_tree_arrays_are_what_encode_batches():
     trees.tree_arrays(Tree(word="x"))
 
 
+@pytest.mark.parametrize("field, value, match", [
+    ("left", [0], r"left must be 2 integers for 3 leaves"),
+    ("left", [-1, 3], r"left\[0\] = -1: node 3's children must be numbered "
+     r"0..2"),
+    ("left", [4, 3], r"left\[0\] = 4: node 3's"),       # a cycle 3 <-> 4
+    ("left", [0, 7], r"left\[1\] = 7: node 4's children must be numbered "
+     r"0..3"),
+    ("right", [1, 0], r"node 0 is the child of 2 nodes"),
+    ("height", [0, 0, 0, 1, 1], r"height \[0, 0, 0, 1, 1\] disagrees"),
+    ("depth", [2, 2, 1, 1, 1], r"depth \[2, 2, 1, 1, 1\] disagrees"),
+    ("tokens", [1, -2, 3], r"tokens must be >= 0"),
+    ("labels", [0.5] * 5, r"labels must be 5 integers"),
+])
+def test_encode_checks_given_tree_arrays(field, value, match):
+  """TreeArrays that tree_arrays would not make used to be composed into a
+  root (a child left out, a negative one read from the end, a cycle under
+  the level schedule) or fail as numpy's IndexError."""
+  a = trees.tree_arrays(((1, 2), 3))        # left [0, 3], right [1, 2]
+  bad = a._replace(**{field: np.asarray(value)})
+  for schedule in trees.SCHEDULES:
+    with pytest.raises(ValueError, match="encode: tree 1: " + match):
+      trees.encode([a, bad], schedule=schedule)
+  trees.encode([a, a])
+
+
 def test_encode_pads_to_fixed_sizes_and_reports_overflow():
   batch = [Tree.from_nested(((1, 2), 3)), Tree.from_nested((4, 5))]
   for schedule in trees.SCHEDULES:
@@ -425,6 +450,10 @@ def test_encode_errors_name_tree_and_item():
   with pytest.raises(ValueError, match="tree 0: label '-1' maps to -1; label "
                      "ids must be >= 0"):
     trees.encode([trees.parse("(1 (-1 a) (1 b))")], vocab, unk=0)
+  with pytest.raises(ValueError, match="tree 0: word id -1 is negative"):
+    trees.encode([(-1, 2)])
+  with pytest.raises(ValueError, match="word 1.7 is not an integer"):
+    trees.encode([Tree(children=(Tree(word=1.7), Tree(word=2)))])
   flat = Tree(children=(Tree(word=1), Tree(word=2), Tree(word=3)))
   with pytest.raises(ValueError, match="tree 1 has a node with 3 children"):
     trees.encode([Tree(word=1), flat])
@@ -639,3 +668,22 @@ def test_run_names_params_init_would_not_make(setup):
                      rf"must have shape {re.escape(str(shape))} .*, got "
                      r"\(3, 3\)"):
     trees.run(cell, {**params, first: jnp.zeros((3, 3))}, x, s)
+
+
+def test_run_refuses_other_cells_inputs_and_flags(setup):
+  _, cell, params, s, x = setup
+  with pytest.raises(ValueError, match="run: leaf_inputs must be floating "
+                     "vectors, got int32"):   # states were rounded to ints
+    trees.run(cell, params, x.astype(jnp.int32), s)
+  with pytest.raises(ValueError, match="xs are float32 but the params "
+                     "bfloat16"):
+    trees.run(cell, jax.tree_util.tree_map(
+        lambda a: a.astype(jnp.bfloat16), params), x, s)
+  with pytest.raises(ValueError, match="run: remat must be True or False"):
+    trees.run(cell, params, x, s, remat="dots")
+  lstm = sorjax.cells.make("lstm", hidden_size=4)
+  with pytest.raises(ValueError, match="run: lstm is not a tree cell"):
+    trees.run(lstm, params, x, s)
+  with pytest.raises(ValueError, match=f"unroll: {sorjax.cells.name_of(cell)}"
+                     " is not a sequence cell"):
+    sorjax.unroll(cell, params, x)

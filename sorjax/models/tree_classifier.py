@@ -70,6 +70,7 @@ class TreeClassifier(nn.Module):
                        f"leaf, compose), e.g. make('tree_lstm', ...); got "
                        f"{self.cell!r}")
     base.check_choice(name, "embed_init", self.embed_init, EMBED_INITS)
+    base.check_bool(name, "remat", self.remat)
     super().__post_init__()
 
   @nn.compact
