@@ -1127,6 +1127,11 @@ def parse_args(argv=None):
   if bad:
     ap.error(f"--sections: unknown {bad}; choose from {','.join(SECTIONS)}")
   args.section_list = sections
+  for flag, path in (("--out", args.out), ("--json", args.json)):
+    if path not in (None, "-"):
+      problem = _unwritable(Path(path))
+      if problem:  # found now, not after the first group's minutes
+        ap.error(f"{flag} {path}: {problem}")
   if args.cells is not None:
     args.cells = [c.strip() for c in args.cells.split(",") if c.strip()]
     unknown = [c for c in args.cells if c not in _ALL]
@@ -1134,6 +1139,19 @@ def parse_args(argv=None):
       ap.error(f"--cells: unknown {unknown or args.cells}; choose from "
                f"{','.join(_ALL)}")
   return args
+
+
+def _unwritable(path: Path) -> str | None:
+  """Why a report could not be written at `path`, or None."""
+  if path.is_dir():
+    return "is a directory"
+  try:
+    path.parent.mkdir(parents=True, exist_ok=True)
+  except OSError as e:
+    return f"its folder cannot be made ({e.strerror})"
+  if not os.access(path.parent, os.W_OK):
+    return f"its folder {path.parent} is not writable"
+  return None
 
 
 def main(argv=None) -> int:

@@ -322,6 +322,21 @@ def test_cli_rejects_unknown_sections_and_cells(capsys):
   assert "'nope'" in capsys.readouterr().err
 
 
+def test_cli_rejects_report_paths_it_could_not_write(tmp_path, capsys):
+  """Found when parsing, not when the first group's report is written."""
+  afile = tmp_path / "afile"
+  afile.write_text("")
+  for flag, path, why in (("--out", afile / "r.md", "cannot be made"),
+                          ("--json", tmp_path, "is a directory")):
+    with pytest.raises(SystemExit):
+      run.parse_args([flag, str(path)])
+    err = capsys.readouterr().err
+    assert f"{flag} {path}: " in err and why in err
+  args = run.parse_args(["--out", str(tmp_path / "new" / "r.md"),
+                         "--json", "-"])
+  assert (tmp_path / "new").is_dir() and args.out.endswith("r.md")
+
+
 def test_worker_reports_a_bad_spec_and_keeps_serving(tmp_path):
   w = run.Worker("benchmarks.jax_worker", tmp_path / "log")
   try:
