@@ -65,8 +65,10 @@ def parse_flags(argv):
   msg = _bad_path(argv)
   if msg is not None:
     _flag_error(msg)
+  argv, unset = _none_overrides(argv)
+  given, sys.argv = sys.argv, argv  # config_flags reads sys.argv itself
   try:
-    return app.parse_flags_with_usage(argv)
+    rest = app.parse_flags_with_usage(argv)
   except (KeyError, AttributeError, TypeError):
     # Raised while --config's file was being loaded with its overrides:
     # load the file alone and find the override that names no field.
@@ -76,6 +78,38 @@ def parse_flags(argv):
     if msg is None:
       raise
     _flag_error(msg)
+  finally:
+    sys.argv = given  # whole, for a restart (--host_malloc=hugepages)
+  for arg, path in unset:
+    msg = train.unknown_override(FLAGS.config, ["main", arg])
+    if msg is not None:
+      _flag_error(msg)
+    *parents, leaf = path.split(".")
+    node = FLAGS.config
+    for part in parents:
+      node = node[part]
+    with node.ignore_type():  # an int field's parser would refuse 'None'
+      node[leaf] = None
+  return rest
+
+
+def _none_overrides(argv) -> tuple[list[str], list[tuple[str, str]]]:
+  """argv without its `--config.<path>=None` overrides, and those (arg,
+  path): ml_collections parses the value with the field's type, so an int
+  field could not be unset from the command line (e.g. the demo's
+  intermediate_size, to train an lstm). A later override of the same path
+  wins, as absl's last-flag-wins."""
+  kept, unset = [argv[0]], {}
+  for arg in argv[1:]:
+    flag, eq, value = arg.partition("=")
+    path = flag[len("--config."):] if flag.startswith("--config.") else None
+    if path is not None and eq and value == "None" and "[" not in path:
+      unset[path] = arg
+      continue
+    if path is not None:
+      unset.pop(path, None)
+    kept.append(arg)
+  return kept, [(arg, path) for path, arg in unset.items()]
 
 
 def _flag_error(msg: str):

@@ -68,3 +68,37 @@ def test_sigint_saves_the_step_and_exits_130_without_a_traceback(tmp_path):
   assert saved and "the same command resumes the run" in saved[0]
   step = int(saved[0].split("SIGINT at step ")[1].split(":")[0])
   assert max(map(int, os.listdir(workdir / "checkpoints"))) == step
+
+
+def test_none_overrides_are_taken_out_and_the_last_flag_wins():
+  argv = ["main", "--config=c.py", "--config.model.intermediate_size=None",
+          "--config.seed=None", "--config.seed=3", "--config.a[0]=None",
+          "--workdir=None"]
+  kept, unset = launcher._none_overrides(argv)
+  assert kept == ["main", "--config=c.py", "--config.seed=3",
+                  "--config.a[0]=None", "--workdir=None"]
+  assert unset == [("--config.model.intermediate_size=None",
+                    "model.intermediate_size")]
+
+
+def test_an_int_field_is_unset_by_none_from_the_command_line(tmp_path):
+  """ml_collections parses an override with the field's type, so the
+  tiny config's mrnn could not become an lstm (intermediate_size=12 is
+  not an lstm hyperparameter) without editing the file."""
+  workdir = tmp_path / "lstm"
+  res = subprocess.run(
+      [sys.executable, "-m", "experiments.main", *argv(CONFIG, workdir)[1:],
+       "--config.model.cell=lstm", "--config.model.intermediate_size=None",
+       "--config.train.num_epochs=1"], cwd=ROOT, capture_output=True,
+      text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-2000:]
+  import json
+  model = json.load(open(workdir / "config.json"))["model"]
+  assert model["cell"] == "lstm" and model["intermediate_size"] is None
+  res = subprocess.run(
+      [sys.executable, "-m", "experiments.main", *argv(CONFIG, workdir)[1:],
+       "--config.model.intermedate_size=None"], cwd=ROOT,
+      capture_output=True, text=True, timeout=120)
+  assert res.returncode == 1
+  assert "model has no field 'intermedate_size'; did you mean " \
+      "'intermediate_size'?" in res.stderr
