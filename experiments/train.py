@@ -130,8 +130,43 @@ def validate(config) -> None:
     from sorjax.training.schedules import TemperatureSchedule
     make_optimizer(config.optim.to_dict())
     TemperatureSchedule(**config.temperature.to_dict())
+    _check_stopping(config)
   except ValueError as e:
     raise ConfigError(str(e)) from None
+  _check_batch_sharding(config)
+
+
+def _check_stopping(config) -> None:
+  """plateau.*, early_stopping.*, nt_asgd.nonmono, train.max_steps (each a
+  ValueError naming the field)."""
+  from sorjax.training.optim import EarlyStopping, Plateau, check_number
+  if not isinstance(config.plateau.enabled, bool):
+    raise ValueError(f"plateau.enabled must be a bool, got "
+                     f"{config.plateau.enabled!r}")
+  Plateau(config.plateau.factor, config.plateau.patience)
+  es = config.early_stopping
+  if es.patience is not None:   # None: no early stopping (0 is an error)
+    EarlyStopping(es.patience)
+  check_number("early_stopping.stop_below", es.get("stop_below"),
+               "(finite)", lambda v: True, optional=True)
+  check_number("nt_asgd.nonmono", config.nt_asgd.nonmono, ">= 1",
+               lambda v: v >= 1, integer=True)
+  check_number("train.max_steps", config.train.get("max_steps"), ">= 1",
+               lambda v: v >= 1, integer=True, optional=True)
+
+
+def _check_batch_sharding(config) -> None:
+  """The loop splits each train batch over the local devices unless it
+  shards the replicas (their number divisible by the devices'); evaluation
+  is not sharded."""
+  n = jax.local_device_count()
+  b = config.get("data", {}).get("batch_size")
+  if (n > 1 and config.num_replicas % n and isinstance(b, int)
+      and b % n):
+    raise ConfigError(
+        f"data.batch_size={b} must be a multiple of the {n} local devices "
+        f"(the loop splits each batch over them; num_replicas="
+        f"{config.num_replicas} is not a multiple of {n})")
 
 
 def train_and_evaluate(config, workdir: str):

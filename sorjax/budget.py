@@ -34,6 +34,7 @@ from __future__ import annotations
 
 import functools
 import math
+import numbers
 from typing import Any, Callable, NamedTuple
 
 import jax
@@ -44,6 +45,26 @@ from sorjax import cells as cells_lib
 from sorjax.models.dyck import DyckModel
 from sorjax.models.lm import LanguageModel
 from sorjax.models.stack import RecurrentTrunk
+
+
+# ------------------------------------------------------------------ checks
+
+def _check(name: str, v, rule: str, ok, integer: bool = False):
+  """v if a finite number (an int with `integer`; never a bool) for which
+  ok(v) holds; else a TypeError (type) or ValueError (value) naming it."""
+  what = f"{'an int' if integer else 'a number'} {rule}"
+  if isinstance(v, (bool, np.bool_)) or not isinstance(
+      v, numbers.Integral if integer else numbers.Real):
+    raise TypeError(f"{name} must be {what}, got {v!r}")
+  if not math.isfinite(v) or not ok(v):
+    raise ValueError(f"{name} must be {what}, got {v!r}")
+  return v
+
+
+def _input_size(owner: str, v) -> int:
+  # Checked before the cache: 3.0 and True hash like 3 and 1.
+  return int(_check(f"{owner}: input_size", v, ">= 1", lambda x: x >= 1,
+                    integer=True))
 
 
 # ------------------------------------------------------------------ counting
@@ -58,6 +79,7 @@ def _count_cell(cell, input_size: int) -> int:
 def count_params(cell: Any, input_size: int, **hyperparameters: Any) -> int:
   """Trainable parameters of a cell (an instance, or a registry name plus
   hyperparameters) reading inputs of size `input_size`."""
+  input_size = _input_size("count_params", input_size)
   if isinstance(cell, str):
     cell = cells_lib.make(cell, **hyperparameters)
   elif hyperparameters:
@@ -107,7 +129,7 @@ def count(obj: Any, input_size: int | None = None) -> int:
   if input_size is None:
     raise ValueError(
         f"count: a bare cell needs input_size (got cell {obj!r})")
-  return count_params(obj, input_size)
+  return count_params(obj, _input_size("count", input_size))
 
 
 # ------------------------------------------------------------------ builders
@@ -164,6 +186,17 @@ def _around(n: Callable[[int], int], budget: float, guess: int, lo_bound: int,
   return (lo, hi)
 
 
+def _check_solve_args(budget, input_size, tol, ratio, ratio_tol, max_size):
+  _check("solve: budget", budget, "> 0", lambda v: v > 0)
+  if input_size is not None:
+    _input_size("solve", input_size)
+  _check("solve: tol", tol, "in (0, 1)", lambda v: 0 < v < 1)
+  if ratio is not None:
+    _check("solve: ratio", ratio, "> 0", lambda v: v > 0)
+  _check("solve: ratio_tol", ratio_tol, "in [0, 1)", lambda v: 0 <= v < 1)
+  _check("solve: max_size", max_size, ">= 1", lambda v: v >= 1, integer=True)
+
+
 def solve(build: Callable[..., Any], budget: float, *,
           input_size: int | None = None, tol: float = 0.01,
           ratio: float | None = None, ratio_tol: float = 0.05,
@@ -190,12 +223,7 @@ def solve(build: Callable[..., Any], budget: float, *,
     ValueError: naming the sizes around the budget and their counts when
       none is within `tol`.
   """
-  if not budget > 0:
-    raise ValueError(f"solve: budget must be > 0, got {budget!r}")
-  if not 0 < tol < 1:
-    raise ValueError(f"solve: tol must be in (0, 1), got {tol!r}")
-  if ratio is not None and not ratio > 0:
-    raise ValueError(f"solve: ratio must be > 0, got {ratio!r}")
+  _check_solve_args(budget, input_size, tol, ratio, ratio_tol, max_size)
 
   def m_of(H):
     return max(1, round(ratio * H))

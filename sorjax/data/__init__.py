@@ -17,3 +17,10 @@ from sorjax.data.batching import (Fold, SequenceBatch, SequenceBatcher,
                                   length_boundaries, lm_pairs)
 from sorjax.data.tokenize import Tokenizer, letters_only, read_lines
 from sorjax.data.vocab import Encoded, Vocab, encode_lines
+
+__all__ = ["batching", "dyck", "keyword_trees", "markov", "pcfg",
+           "synthetic", "tokenize", "vocab", "Fold", "SequenceBatch",
+           "SequenceBatcher", "StreamBatch", "StreamBatcher", "awd_seq_len",
+           "batchify", "cut_sentences", "cut_stream_sentences", "kfold",
+           "length_boundaries", "lm_pairs", "Tokenizer", "letters_only",
+           "read_lines", "Encoded", "Vocab", "encode_lines"]

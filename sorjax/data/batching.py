@@ -20,6 +20,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
+from sorjax.data.checks import check_bool
+
 
 def _check_int(fn: str, name: str, value: Any, minimum: int) -> None:
   if isinstance(value, (bool, np.bool_)) \
@@ -28,12 +30,27 @@ def _check_int(fn: str, name: str, value: Any, minimum: int) -> None:
                      f"got {value!r}")
 
 
+_MAX_ID = int(np.iinfo(np.int32).max)   # ids are int32 on the device
+
+
+def _check_id(fn: str, name: str, value: Any) -> None:
+  """A token id: an int in [0, 2**31 - 1]."""
+  _check_int(fn, name, value, 0)
+  if value > _MAX_ID:
+    raise ValueError(f"{fn}: {name}={value} does not fit int32")
+
+
 def _as_ids(fn: str, name: str, ids: Any) -> np.ndarray:
   ids = np.asarray(ids)
   if ids.ndim != 1 or not (np.issubdtype(ids.dtype, np.integer)
                            or ids.size == 0):
     raise ValueError(f"{fn}: {name} must be a 1-D integer array, got "
                      f"shape {ids.shape} dtype {ids.dtype}")
+  bad = (ids < 0) | (ids > _MAX_ID)
+  if bad.any():
+    j = int(np.argmax(bad))
+    raise ValueError(f"{fn}: {name} has id {ids[j]} at position {j}; ids "
+                     f"must be in [0, 2**31 - 1] (int32)")
   return ids.astype(np.int32, copy=False)
 
 
@@ -121,7 +138,8 @@ class StreamBatcher:
     _check_int("StreamBatcher", "bptt", bptt, 1)
     _check_int("StreamBatcher", "min_len", min_len, 1)
     _check_int("StreamBatcher", "seed", seed, 0)
-    _check_int("StreamBatcher", "pad_id", pad_id, 0)
+    _check_id("StreamBatcher", "pad_id", pad_id)
+    check_bool("StreamBatcher", "variable", variable)
     if not 0.0 <= p <= 1.0:
       raise ValueError(f"StreamBatcher: p must be in [0, 1], got {p!r}")
     if not sigma >= 0.0:
@@ -223,6 +241,8 @@ def lm_pairs(sequences: Sequence[Any], bos: int | None = None
   With `bos`, each sequence is first prefixed by it, so its first token is
   predicted too (an `<eos>` id is a common choice: "after a line ends").
   """
+  if bos is not None:
+    _check_id("lm_pairs", "bos", bos)
   inputs, targets = [], []
   for n, s in enumerate(sequences):
     s = _as_ids("lm_pairs", f"sequence {n}", s)
@@ -264,6 +284,7 @@ def cut_stream_sentences(ids: Any, eos_id: int, cutoff: int
     (the cut stream, how many sentences were longer than `cutoff`).
   """
   ids = _as_ids("cut_stream_sentences", "ids", ids)
+  _check_id("cut_stream_sentences", "eos_id", eos_id)
   _check_int("cut_stream_sentences", "cutoff", cutoff, 1)
   ends = np.flatnonzero(ids == eos_id)
   pieces = np.split(ids, ends + 1)       # each ends in eos_id but the last
@@ -336,7 +357,9 @@ class SequenceBatcher:
     _check_int(fn, "batch_size", batch_size, 1)
     _check_int(fn, "multiple", multiple, 1)
     _check_int(fn, "seed", seed, 0)
-    _check_int(fn, "pad_id", pad_id, 0)
+    _check_id(fn, "pad_id", pad_id)
+    check_bool(fn, "shuffle", shuffle)
+    check_bool(fn, "fill", fill)
     self.inputs = [_as_ids(fn, f"inputs[{n}]", s) for n, s in
                    enumerate(inputs)]
     if not self.inputs:

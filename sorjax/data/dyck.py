@@ -71,6 +71,21 @@ def check_length_bounds(owner: str, min_length, max_length) -> None:
         f"max_length] = [{min_length}, {max_length}]: lengths are even")
 
 
+def check_ids(owner: str, seq, size: int) -> list[int]:
+  """The ids of `seq` (any shape) as ints; a ValueError naming the first id
+  outside [0, size), or a non-integer dtype."""
+  arr = np.asarray(seq)
+  if arr.size and not np.issubdtype(arr.dtype, np.integer):
+    raise ValueError(f"{owner}: ids must be integers, got {arr.dtype} "
+                     f"{arr.reshape(-1)[:5].tolist()}")
+  ids = arr.reshape(-1).tolist()
+  for j, i in enumerate(ids):
+    if not 0 <= i < size:
+      raise ValueError(f"{owner}: id {i} at position {j} is outside "
+                       f"[0, {size})")
+  return ids
+
+
 def split_seeds(seed: int, names: Sequence[str]) -> dict[str, int]:
   """An independent, reproducible int seed per split name."""
   children = np.random.SeedSequence(seed).spawn(len(names))
@@ -86,8 +101,10 @@ def preset_and_seeds(presets: dict, preset, seed, scale: float):
       raise ValueError(f"make_splits: unknown preset {preset!r}; "
                        f"known: {sorted(presets)}")
     preset = presets[preset]
-  if not 0 < scale <= 1:
-    raise ValueError(f"make_splits: scale must be in (0, 1], got {scale}")
+  if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
+      or not 0 < scale <= 1:
+    raise ValueError(f"make_splits: scale must be a number in (0, 1], got "
+                     f"{scale!r}")
   return preset, split_seeds(check_seed("make_splits", seed),
                              [s for s, _ in preset.splits])
 
@@ -193,7 +210,8 @@ class DyckKM:
 
   def decode(self, seq) -> str:
     vocab = self.vocab
-    return " ".join(vocab[int(t)] for t in np.asarray(seq).reshape(-1))
+    return " ".join(vocab[t] for t in check_ids(f"{self}.decode", seq,
+                                                 len(vocab)))
 
   def encode(self, text: str) -> np.ndarray:
     """Whitespace-separated symbols (as `vocab`) to an int32 id array."""
@@ -433,10 +451,15 @@ class DyckKM:
 
 @dataclasses.dataclass(frozen=True)
 class SplitSpec:
-  """One split: how many samples, inclusive bracket-count bounds."""
+  """One split: how many samples (>= 1), inclusive bracket-count bounds."""
   num: int
   min_length: int
   max_length: int
+
+  def __post_init__(self):
+    # make_splits keeps >= 1 sample of a scaled split: num 0 would give 1
+    check_int("SplitSpec", "num", self.num, 1)
+    check_length_bounds("SplitSpec", self.min_length, self.max_length)
 
 
 @dataclasses.dataclass(frozen=True)

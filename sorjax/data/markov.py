@@ -30,6 +30,8 @@ from __future__ import annotations
 
 import numpy as np
 
+from sorjax.data.checks import check_bool
+
 
 def _check_tokens(tokens) -> np.ndarray:
   x = np.asarray(tokens)
@@ -51,6 +53,7 @@ def bigram_successors(tokens, wrap: bool = True
   the bigram (a, b) in the source, are successors[offsets[a]:offsets[a+1]].
   Dead ends are pruned when wrap=False (see the module docstring)."""
   x = _check_tokens(tokens)
+  check_bool("markov_corpus", "wrap", wrap)
   a, b = (x, np.roll(x, -1)) if wrap else (x[:-1], x[1:])
   V = int(x.max()) + 1
   while True:                              # prune transitions into dead ends

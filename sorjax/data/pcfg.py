@@ -38,9 +38,10 @@ from typing import Iterable
 
 import numpy as np
 
-from sorjax.data.dyck import (SplitSpec, _symbols, bracket_pairs,
+from sorjax.data.dyck import (SplitSpec, _symbols, bracket_pairs, check_ids,
                               check_int, check_length_bounds, check_seed,
                               preset_and_seeds)
+from sorjax.data.checks import check_bool
 
 _S = -1                      # the nonterminal on the derivation stack
 
@@ -94,7 +95,8 @@ class DyckPCFG:
     return (*opens, *closes)
 
   def decode(self, seq) -> str:
-    return "".join(self.vocab[int(t)] for t in np.asarray(seq).reshape(-1))
+    return "".join(self.vocab[t] for t in check_ids(f"{self}.decode", seq,
+                                                     len(self.vocab)))
 
   def encode(self, text: str) -> np.ndarray:
     """A string of bracket symbols (k <= 4; whitespace ignored) to ids."""
@@ -125,6 +127,7 @@ class DyckPCFG:
     owner = f"{self}.sample"
     num = check_int(owner, "num", num, 0)
     check_length_bounds(owner, min_length, max_length)
+    check_bool(owner, "unique", unique)
     rng = np.random.default_rng(check_seed(owner, seed))
     seen = set(exclude) if unique else set()
     if unique:

@@ -34,6 +34,8 @@ from typing import Iterator
 
 from etils import epath
 
+from sorjax.data.checks import check_bool
+
 KINDS = ("word", "char", "char_bigram")
 _NON_LETTERS = re.compile(r"[^a-z]+")
 
@@ -84,6 +86,7 @@ class Tokenizer:
     if not isinstance(self.space, str) or not self.space:
       raise ValueError(f"Tokenizer: space must be a non-empty string, "
                        f"got {self.space!r}")
+    check_bool("Tokenizer", "letters_only", self.letters_only)
 
   def __call__(self, line: str) -> list[str]:
     if self.letters_only:

@@ -102,8 +102,9 @@ class Vocab:
                        f"{len(specials)} special symbols {specials}, "
                        f"got {max_size!r}")
     counter = collections.Counter()
-    for line in lines:
-      counter.update(line)
+    for n, line in enumerate(_not_str("Vocab.build", "lines", lines,
+                                      "an iterable of symbol lists"), 1):
+      counter.update(_not_str("Vocab.build", f"line {n} of {source}", line))
     if not counter:
       raise ValueError(f"Vocab.build: {source} is empty (no symbols)")
     # Counter keeps first-appearance order; a stable sort keeps it for ties.
@@ -180,7 +181,7 @@ class Vocab:
     """
     index = self._index
     ids = []
-    for s in symbols:
+    for s in _not_str("Vocab.encode", "symbols", symbols):
       i = index.get(s)
       if i is None:
         i = self.id(s, where)  # raises without unk
@@ -192,7 +193,10 @@ class Vocab:
   def decode(self, ids: Iterable[int]) -> list[str]:
     """Symbols of `ids`; IndexError naming the id when out of range."""
     out = []
-    for i in np.asarray(ids).reshape(-1).tolist():
+    ids = np.asarray(ids)
+    if ids.size and not np.issubdtype(ids.dtype, np.integer):
+      raise TypeError(f"Vocab.decode: ids must be integers, got {ids.dtype}")
+    for i in ids.reshape(-1).tolist():
       if not 0 <= i < len(self.symbols):
         raise IndexError(f"Vocab.decode: id {i} outside [0, {len(self)})")
       out.append(self.symbols[i])
@@ -242,6 +246,16 @@ class Vocab:
                  unk=payload["unk"], counts=payload["counts"])
     except (ValueError, TypeError) as e:
       raise ValueError(f"Vocab.load: {path}: {e}") from e
+
+
+def _not_str(owner: str, name: str, symbols,
+             what: str = "a sequence of symbols"):
+  """`symbols` unless it is a str, which would read as its characters."""
+  if isinstance(symbols, str):
+    raise TypeError(f"{owner}: {name} must be {what}, got the str "
+                    f"{symbols[:40]!r} (split it first, e.g. with a "
+                    "Tokenizer, or wrap a single symbol in a list)")
+  return symbols
 
 
 def _file(path) -> epath.Path:

@@ -12,6 +12,8 @@ state, so they can change without recompiling:
 
 from __future__ import annotations
 
+import math
+import numbers
 from typing import Any, Mapping
 
 import jax.numpy as jnp
@@ -28,10 +30,70 @@ def _get(cfg: Mapping[str, Any], key: str, default=None):
   return cfg[key] if key in cfg and cfg[key] is not None else default
 
 
+def check_number(where: str, v, rule: str, ok, *, integer: bool = False,
+                 optional: bool = False) -> None:
+  """Raises a ValueError naming `where` unless v is a finite number (an int
+  with `integer`; None allowed with `optional`) for which ok(v) holds;
+  `rule` says what ok checks, e.g. "> 0"."""
+  if v is None and optional:
+    return
+  kind = (numbers.Integral,) if integer else (numbers.Real,)
+  if (isinstance(v, bool) or not isinstance(v, kind)
+      or not math.isfinite(v) or not ok(v)):
+    what = "an int" if integer else "a number"
+    none = "None or " if optional else ""
+    raise ValueError(f"{where} must be {none}{what} {rule}, got {v!r}")
+
+
+# (field, rule, test, integer, optional) of the optim fields a config may
+# set; a field absent from the dict (an older config.json) is not checked.
+_POSITIVE = ("> 0", lambda v: v > 0)
+_NON_NEGATIVE = (">= 0", lambda v: v >= 0)
+_AT_LEAST_1 = (">= 1", lambda v: v >= 1)
+_UNIT = ("in [0, 1)", lambda v: 0 <= v < 1)
+_SCHEDULE_FIELDS = (
+    ("learning_rate", *_POSITIVE, False, False),
+    ("warmup_steps", *_NON_NEGATIVE, True, True),
+    ("decay_steps", *_AT_LEAST_1, True, True),
+    ("decay_rate", *_POSITIVE, False, True),
+    ("total_steps", *_AT_LEAST_1, True, True),
+    ("end_value", *_NON_NEGATIVE, False, True),
+    ("alpha", "in [0, 1]", lambda v: 0 <= v <= 1, False, True))
+_OPTIMIZER_FIELDS = (
+    ("clip_norm", *_POSITIVE, False, True),
+    ("weight_decay", *_NON_NEGATIVE, False, True),
+    ("momentum", *_UNIT, False, True),
+    ("b1", *_UNIT, False, True),
+    ("b2", *_UNIT, False, True),
+    # eps = 0 divides 0 by 0 for a parameter whose gradients are all 0
+    ("eps", *_POSITIVE, False, True),
+    ("initial_accumulator", *_NON_NEGATIVE, False, True))
+
+
+def _check_fields(cfg: Mapping[str, Any], fields) -> None:
+  for key, rule, ok, integer, optional in fields:
+    if key in cfg or not optional:
+      check_number(f"optim.{key}", cfg[key], rule, ok, integer=integer,
+                   optional=optional)
+
+
+def _check_schedule(cfg: Mapping[str, Any], kind: str) -> None:
+  _check_fields(cfg, _SCHEDULE_FIELDS)
+  if not isinstance(_get(cfg, "staircase", True), bool):
+    raise ValueError(f"optim.staircase must be a bool, got "
+                     f"{cfg['staircase']!r}")
+  total, warmup = _get(cfg, "total_steps"), _get(cfg, "warmup_steps", 0)
+  if kind == "warmup_cosine" and total is not None and total <= warmup:
+    raise ValueError(f"optim.total_steps={total} must exceed "
+                     f"optim.warmup_steps={warmup} (warmup_cosine counts "
+                     "the warmup in its total)")
+
+
 def learning_rate_schedule(cfg: Mapping[str, Any]) -> optax.Schedule:
   """cfg.learning_rate and cfg.schedule in SCHEDULES (+ its fields)."""
-  lr = float(cfg["learning_rate"])
   kind = _get(cfg, "schedule", "constant")
+  _check_schedule(cfg, kind)
+  lr = float(cfg["learning_rate"])
   warmup = int(_get(cfg, "warmup_steps", 0))
   if kind == "constant":
     return optax.constant_schedule(lr)
@@ -67,6 +129,10 @@ def make_optimizer(cfg: Mapping[str, Any]) -> optax.GradientTransformation:
   name = cfg["name"]
   if name not in OPTIMIZERS:
     raise ValueError(f"optim.name must be one of {OPTIMIZERS}, got {name!r}")
+  _check_fields(cfg, _OPTIMIZER_FIELDS)
+  if name not in ("sgd", "nt_asgd") and _get(cfg, "momentum") is not None:
+    raise ValueError(f"optim.momentum={cfg['momentum']!r} is read by sgd and "
+                     f"nt_asgd only; set it to None for {name}")
   schedule = learning_rate_schedule(cfg)
   clip = _get(cfg, "clip_norm")
   wd = _get(cfg, "weight_decay", 0.0)
@@ -114,8 +180,11 @@ class Plateau:
 
   def __init__(self, factor: float = 0.5, patience: int = 3,
                rtol: float = 1e-4, min_scale: float = 0.0):
-    if not 0 < factor < 1:
-      raise ValueError(f"plateau factor must be in (0, 1), got {factor}")
+    check_number("plateau.factor", factor, "in (0, 1)",
+                 lambda v: 0 < v < 1)
+    # PyTorch's patience 0: reduce after the first evaluation that fails
+    check_number("plateau.patience", patience, ">= 0", lambda v: v >= 0,
+                 integer=True)
     self._tx = optax.contrib.reduce_on_plateau(
         factor=factor, patience=patience + 1, rtol=rtol, min_scale=min_scale)
 
@@ -136,8 +205,8 @@ class EarlyStopping:
   """Stops after `patience` evaluations without improving the best loss."""
 
   def __init__(self, patience: int, min_delta: float = 0.0):
-    if patience < 1:
-      raise ValueError(f"early stopping patience must be >= 1, got {patience}")
+    check_number("early_stopping.patience", patience, ">= 1",
+                 lambda v: v >= 1, integer=True)
     self.patience, self.min_delta = patience, min_delta
     self.best, self.bad = float("inf"), 0
 

@@ -358,3 +358,34 @@ def test_kfold_partitions_are_disjoint_covering_and_deterministic():
 def test_kfold_errors(args, kwargs, match):
   with pytest.raises(ValueError, match=match):
     kfold(*args, **kwargs)
+
+
+def test_ids_are_int32_and_non_negative():
+  with pytest.raises(ValueError, match=r"batchify: tokens has id "
+                                       r"1099511627776 at position 0"):
+    batchify(np.array([2**40, 1, 2, 3]), 2)
+  with pytest.raises(ValueError, match="batchify: tokens has id -1"):
+    batchify(np.array([1, -1, 2, 3]), 2)
+  with pytest.raises(ValueError, match=r"SequenceBatcher: inputs\[1\] has "
+                                       r"id -2 at position 0"):
+    SequenceBatcher([[1, 2], [-2]], 1)
+  for bos in (1.5, -1, True):
+    with pytest.raises(ValueError, match="lm_pairs: bos must be an int >= 0"):
+      lm_pairs([[5, 6]], bos=bos)
+  with pytest.raises(ValueError, match="lm_pairs: bos=4294967296 does not "
+                                       "fit int32"):
+    lm_pairs([[5, 6]], bos=2**32)
+  with pytest.raises(ValueError, match="cut_stream_sentences: eos_id must be "
+                                       "an int >= 0, got 0.5"):
+    cut_stream_sentences(np.array([1, 2, 0, 3, 4, 0]), eos_id=0.5, cutoff=1)
+
+
+def test_bool_options_must_be_bools():
+  with pytest.raises(TypeError, match="SequenceBatcher: shuffle must be a "
+                                      "bool, got 'no'"):
+    SequenceBatcher([[1, 2]], 1, shuffle="no")
+  with pytest.raises(TypeError, match="SequenceBatcher: fill must be a bool"):
+    SequenceBatcher([[1, 2]], 1, fill=0)
+  with pytest.raises(TypeError, match="StreamBatcher: variable must be a "
+                                      "bool"):
+    StreamBatcher(np.arange(20), 2, 3, variable="no")

@@ -389,3 +389,26 @@ def test_bracket_pairs_matches_stack():
     assert dict(zip(closes.tolist(), opens.tolist())) == ref
     np.testing.assert_array_equal(depth, np.cumsum(np.where(is_open, 1, -1)))
   assert list(itertools.chain(*dyck.bracket_pairs(np.array([], bool)))) == []
+
+
+def test_decode_checks_the_ids():
+  lang = DyckKM(2, 4)
+  assert lang.decode([4, 0, 1, 3, 2, 5]) == "START ( [ ] ) END"
+  for ids, bad in (([4, -1], -1), ([4, 9], 9)):
+    with pytest.raises(ValueError, match=rf"decode: id {bad} at position 1 "
+                                         r"is outside \[0, 6\)"):
+      lang.decode(ids)
+  with pytest.raises(ValueError, match="decode: ids must be integers"):
+    lang.decode([4.0, 5.0])
+
+
+def test_split_spec_needs_a_sample():
+  for num in (0, -3):   # make_splits would keep max(1, ...) = 1 sample
+    with pytest.raises(ValueError, match="SplitSpec: num must be an int >= 1"):
+      dyck.hewitt_splits(DyckKM(2, 4), num, 10, 10)
+  with pytest.raises(ValueError, match="SplitSpec: min_length=5 > "
+                                       "max_length=4"):
+    dyck.SplitSpec(1, 5, 4)
+  with pytest.raises(ValueError, match=r"make_splits: scale must be a number "
+                                       r"in \(0, 1\], got '1'"):
+    dyck.make_splits("lin_m4", scale="1")

@@ -106,3 +106,8 @@ def test_markov_ptb_slice(shared_data):
   # <eos> keeps its frequency: it follows the source's line-end statistics.
   eos = ids["<eos>"]
   assert abs(np.mean(out == eos) - np.mean(src == eos)) < 0.01
+
+
+def test_wrap_must_be_a_bool():
+  with pytest.raises(TypeError, match="markov_corpus: wrap must be a bool"):
+    markov_corpus(np.array([1, 2, 1, 2]), wrap="no")

@@ -242,3 +242,13 @@ def test_make_splits_lengths_and_cross_split_dedup():
   assert len(train) == 6 and len(test) == 4 and not train & test
   with pytest.raises(ValueError, match="unknown preset"):
     pcfg.make_splits("nope")
+
+
+def test_decode_and_sample_check_their_arguments():
+  g = DyckPCFG()
+  assert g.decode([0, 2]) == "()"
+  with pytest.raises(ValueError, match=r"decode: id -1 at position 1 is "
+                                       r"outside \[0, 4\)"):
+    g.decode([0, -1])
+  with pytest.raises(TypeError, match="sample: unique must be a bool"):
+    g.sample(3, 2, 4, unique="no")

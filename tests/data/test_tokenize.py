@@ -110,3 +110,9 @@ def test_bigrams_shorten_ptb_lines_as_the_paper_reports(shared_data):
   reduction = 1 - (np.median([len(p) for p in pairs])
                    / np.median([len(c) for c in chars]))
   assert 0.3 < reduction < 0.45, reduction
+
+
+def test_letters_only_must_be_a_bool():
+  with pytest.raises(TypeError, match="Tokenizer: letters_only must be a "
+                                      "bool, got 'no'"):
+    Tokenizer(letters_only="no")

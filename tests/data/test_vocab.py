@@ -147,3 +147,18 @@ def test_ptb_vocabulary_is_train_words_plus_eos(shared_data):
   enc = encode_lines(v, tok.file(valid), source=valid)
   assert isinstance(enc, Encoded)
   assert enc.num_unknown == 0 and enc.num_tokens == 73760  # 70,390 + eos
+
+
+def test_a_str_is_not_a_sequence_of_symbols():
+  v = Vocab.build([["the", "cat"]])
+  with pytest.raises(TypeError, match="Vocab.encode: symbols must be a "
+                                      "sequence of symbols, got the str"):
+    v.encode("the cat")
+  with pytest.raises(TypeError, match="Vocab.build: line 2 of corpus must "
+                                      "be a sequence of symbols"):
+    Vocab.build([["a"], "the cat"])
+  with pytest.raises(TypeError, match="Vocab.build: lines must be an "
+                                      "iterable of symbol lists"):
+    Vocab.build("the cat")
+  with pytest.raises(TypeError, match="Vocab.decode: ids must be integers"):
+    v.decode([1.0])

@@ -76,6 +76,88 @@ def test_config_errors_stop_before_training(tmp_path):
           "no field 'epochs'") in res.stderr
 
 
+@pytest.mark.parametrize("path,value,msg", [
+    ("optim.clip_norm", -1.0, "optim.clip_norm must be None or a number > 0, "
+                              "got -1.0"),
+    ("optim.learning_rate", 0.0, "optim.learning_rate must be a number > 0"),
+    ("plateau.factor", 1.0, r"plateau.factor must be a number in \(0, 1\)"),
+    ("plateau.patience", -1, "plateau.patience must be an int >= 0"),
+    ("plateau.enabled", "no", "plateau.enabled must be a bool"),
+    ("early_stopping.patience", 0, "early_stopping.patience must be an int "
+                                   ">= 1, got 0"),
+    ("early_stopping.patience", -1, "early_stopping.patience must be an int"),
+    ("early_stopping.stop_below", float("nan"),
+     "early_stopping.stop_below must be None or a number"),
+    ("nt_asgd.nonmono", 0, "nt_asgd.nonmono must be an int >= 1"),
+    ("train.max_steps", 0, "train.max_steps must be None or an int >= 1"),
+    ("train.max_steps", -5, "train.max_steps must be None or an int >= 1"),
+    ("train.max_steps", 2.5, "train.max_steps must be None or an int >= 1"),
+])
+def test_validate_checks_the_loop_fields(path, value, msg):
+  cfg = tiny_dyck.get_config()
+  section, field = path.split(".")
+  cfg[section] = {**cfg[section].to_dict(), field: value}  # any type
+  with pytest.raises(ConfigError, match=msg):
+    train.validate(cfg)
+
+
+def test_validate_checks_the_batch_splits_over_the_devices(monkeypatch):
+  cfg = tiny_dyck.get_config()
+  cfg.data.batch_size = 5
+  monkeypatch.setattr(jax, "local_device_count", lambda: 2)
+  with pytest.raises(ConfigError, match="data.batch_size=5 must be a "
+                                        "multiple of the 2 local devices"):
+    train.validate(cfg)
+  cfg.num_replicas = 2    # the replicas are sharded, not the batch
+  train.validate(cfg)
+  cfg.num_replicas, cfg.data.batch_size = 1, 6
+  train.validate(cfg)
+
+
+def _with_data(cfg, **fields):
+  cfg.data = {**cfg.data.to_dict(), **fields}   # any type
+  return cfg
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("num_train", 0, "data.num_train must be an int >= 1, got 0"),
+    ("num_dev", -3, "data.num_dev must be an int >= 1, got -3"),
+    ("num_test", 0, "data.num_test must be an int >= 1"),
+    ("m", 0, "data.m must be an int >= 1"),
+    ("k", 0, "data.k must be an int >= 1"),
+    ("max_length", 0, "data.max_length must be None or an int >= 2"),
+    ("max_length", -4, "data.max_length must be None or an int >= 2"),
+    ("max_length", 1, "data.max_length must be None or an int >= 2"),
+    ("scale", -1.0, r"data.scale must be a number in \(0, 1\]"),
+    ("scale", 0.0, r"data.scale must be a number in \(0, 1\]"),
+    ("num_buckets", 0, "data.num_buckets must be an int >= 1"),
+    ("bucket_multiple", 0, "data.bucket_multiple must be an int >= 1"),
+    ("batch_size", 0, "data.batch_size must be an int >= 1"),
+    ("eval_batch_size", 0, "data.eval_batch_size must be an int >= 1"),
+    ("seed", -1, "data.seed must be an int >= 0"),
+])
+def test_dyck_data_fields_are_checked_when_the_task_is_built(field, value,
+                                                             msg):
+  from sorjax.training.tasks import make_task
+  with pytest.raises(ConfigError, match=msg):
+    make_task(_with_data(tiny_dyck.get_config(), **{field: value}))
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("scale", 2.0, r"data.scale must be a number in \(0, 1\]"),
+    ("num_buckets", 0, "data.num_buckets must be an int >= 1"),
+    ("eval_batch_size", 0, "data.eval_batch_size must be an int >= 1"),
+    ("scale", 1e-5, "too few to hold out a dev split"),
+])
+def test_pcfg_data_fields_are_checked(field, value, msg):
+  from experiments.configs import common
+  from sorjax.training.tasks import make_task
+  cfg = common.config("dyck_pcfg", common.pcfg_data(preset="suzgun"),
+                      cell="lstm", hidden_size=4, embed_size=4)
+  with pytest.raises(ConfigError, match=msg):
+    make_task(_with_data(cfg, **{field: value}))
+
+
 def test_unknown_override_names_the_flag_and_the_fields_there():
   cfg = tiny_dyck.get_config()
   argv = ["main", f"--config={CONFIG}", "--workdir=/tmp/w",
@@ -211,6 +293,25 @@ def test_lm_task_cuts_training_sentences_only(tmp_path, shared_data,
   bad.data.data_dir, bad.data.train_sentence_cutoff = cfg.data.data_dir, 0
   with pytest.raises(ConfigError, match="data.train_sentence_cutoff"):
     make_task(bad)
+
+
+def test_lm_token_limits_apply_to_their_splits_and_are_checked():
+  import ml_collections
+  from sorjax.training.tasks.lm import _token_prefixes
+  ids = {s: np.arange(100) for s in ("train", "valid", "test")}
+
+  def lengths(train, evals):
+    d = ml_collections.ConfigDict(dict(max_train_tokens=train,
+                                       max_eval_tokens=evals))
+    return {s: len(v) for s, v in _token_prefixes(ids, d).items()}
+  assert lengths(10, None) == {"train": 10, "valid": 100, "test": 100}
+  assert lengths(None, 7) == {"train": 100, "valid": 7, "test": 7}
+  assert lengths(None, None) == {"train": 100, "valid": 100, "test": 100}
+  for name, bad in (("max_train_tokens", -10), ("max_train_tokens", 0),
+                    ("max_eval_tokens", 0), ("max_eval_tokens", 2.5)):
+    with pytest.raises(ConfigError, match=re.escape(
+        f"data.{name} must be None or an int >= 1, got {bad!r}")):
+      lengths(*((bad, None) if name == "max_train_tokens" else (None, bad)))
 
 
 def test_lm_loss_adds_ar_and_tar_when_training(tmp_path, shared_data,

@@ -100,3 +100,19 @@ def test_evaluate_matches_numpy_per_tree(task):
     np.testing.assert_allclose(got["loss"], np.mean(nll), rtol=1e-5)
     assert got["accuracy"] == pytest.approx(np.mean(hit))
     assert len(nll) == 20 and keyword_trees.NUM_CLASSES == 10
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("batch_size", 0, "data.batch_size must be an int >= 1, got 0"),
+    ("eval_batch_size", -1, "data.eval_batch_size must be an int >= 1"),
+    ("gradient_trees", -1, "data.gradient_trees must be None or an int >= 0"),
+    ("scale", 0.0, r"data.scale must be a number in \(0, 1\]"),
+    ("per_node", "no", "data.per_node must be a bool"),
+    ("batch_size", 500, "data.batch_size=500 exceeds the 200 training trees"),
+])
+def test_data_fields_are_checked(field, value, msg):
+  from sorjax.training.tasks.common import ConfigError
+  cfg = tiny_trees.get_config()
+  cfg.data = {**cfg.data.to_dict(), field: value}
+  with pytest.raises(ConfigError, match=msg):
+    TreeTask(cfg)

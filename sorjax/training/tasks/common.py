@@ -36,6 +36,38 @@ class ConfigError(ValueError):
   """A config that cannot run; raised before anything is compiled."""
 
 
+def check_ints(d, minimums: dict[str, int], optional=(),
+               section: str = "data") -> None:
+  """Each field of `minimums` an int >= its minimum (None allowed for those
+  in `optional`), else a ConfigError naming `section.field`."""
+  for name, low in minimums.items():
+    v = d.get(name)
+    if v is None and name in optional:
+      continue
+    if isinstance(v, bool) or not isinstance(v, int) or v < low:
+      none = "None or " if name in optional else ""
+      raise ConfigError(f"{section}.{name} must be {none}an int >= {low}, "
+                        f"got {v!r}")
+
+
+def check_bools(d, names, section: str = "data") -> None:
+  for name in names:
+    if name in d and not isinstance(d[name], bool):
+      raise ConfigError(f"{section}.{name} must be a bool, got {d[name]!r}")
+
+
+def check_scale(d) -> None:
+  """data.scale: the fraction of each split's examples, in (0, 1]."""
+  v = d.get("scale", 1.0)
+  if isinstance(v, bool) or not isinstance(v, (int, float)) \
+      or not 0 < v <= 1:
+    raise ConfigError(f"data.scale must be a number in (0, 1], got {v!r}")
+
+
+# The batching fields every padded-sequence task reads from config.data.
+BATCH_FIELDS = {"seed": 0, "batch_size": 1, "eval_batch_size": 1}
+
+
 def model_config(**overrides) -> ml_collections.ConfigDict:
   c = ml_collections.ConfigDict(dict(
       cell="lstm", hidden_size=64, num_layers=1, layers=None,
@@ -142,6 +174,10 @@ def build_model(m: ml_collections.ConfigDict,
     raise ConfigError("model.budget solves one uniform stack; it cannot be "
                       "combined with model.layers")
   ratio = m.intermediate_ratio
+  for name, v in (("budget", m.budget), ("intermediate_ratio", ratio)):
+    if v is not None and (isinstance(v, bool) or not isinstance(
+        v, (int, float)) or not 0 < v < float("inf")):
+      raise ConfigError(f"model.{name} must be a number > 0, got {v!r}")
   tol = m.get("budget_tol", 0.01)  # older config.json files lack the field
   if isinstance(tol, bool) or not isinstance(tol, (int, float)) \
       or not 0 < tol < 1:

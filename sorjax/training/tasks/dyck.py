@@ -27,12 +27,24 @@ from sorjax.data import batching, dyck, pcfg
 from sorjax.models import DyckModel
 from sorjax.training.tasks.base import (EpochBatches, EpochModelTask,
                                         masked_mean, step_mask)
-from sorjax.training.tasks.common import ConfigError, build_model, \
-    trunk_kwargs
+from sorjax.training.tasks.common import BATCH_FIELDS, ConfigError, \
+    build_model, check_ints, check_scale, trunk_kwargs
+
+_BUCKET_FIELDS = {"num_buckets": 1, "bucket_multiple": 1}
+
+
+def _check_dyck_data(d) -> None:
+  """The data fields of the Dyck-(k,m) tasks, before anything is built;
+  max_length >= 2: the train split needs an even length in 1..max_length."""
+  check_ints(d, {"k": 1, "m": 1, "num_train": 1, "num_dev": 1,
+                 "num_test": 1, "max_length": 2, **BATCH_FIELDS,
+                 **_BUCKET_FIELDS}, optional=("max_length",))
+  check_scale(d)
 
 
 def _dyck_splits(d):
   """(language, {split: (samples, min_len, max_len)}) from config.data."""
+  _check_dyck_data(d)
   lang = dyck.DyckKM(d.k, d.m)
   if d.get("preset"):
     if d.preset not in dyck.PRESETS:
@@ -211,11 +223,17 @@ class DyckPCFGTask(EpochModelTask):
                         f"known: {sorted(pcfg.PRESETS)}")
     if d.loss not in ("mse", "bce"):
       raise ConfigError(f"data.loss must be 'mse' or 'bce', got {d.loss!r}")
+    check_ints(d, {**BATCH_FIELDS, **_BUCKET_FIELDS})
+    check_scale(d)
     self.grammar = pcfg.PRESETS[d.preset].grammar
     self.k = self.grammar.k
     self.splits = pcfg.make_splits(d.preset, seed=d.seed, scale=d.scale)
     if "dev" not in self.splits:   # Suzgun has no dev split: hold out 10%
       train = self.splits["train"]
+      if len(train) < 2:
+        raise ConfigError(f"data.scale={d.scale} leaves {len(train)} train "
+                          f"sequence(s) of preset {d.preset!r}: too few to "
+                          "hold out a dev split")
       n = max(1, len(train) // 10)
       self.splits = {"train": train[:-n], "dev": train[-n:],
                      **{s: v for s, v in self.splits.items() if s != "train"}}

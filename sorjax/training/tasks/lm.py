@@ -20,7 +20,7 @@ from sorjax.data import batching, corpora
 from sorjax.models import LanguageModel
 from sorjax.training.tasks.base import ModelTask, masked_mean, step_mask
 from sorjax.training.tasks.common import ConfigError, activation_regs, \
-    build_model, trunk_kwargs
+    build_model, check_bools, check_ints, trunk_kwargs
 
 
 def activation_penalties(sown: dict, mask) -> tuple[jax.Array, jax.Array]:
@@ -36,11 +36,31 @@ def activation_penalties(sown: dict, mask) -> tuple[jax.Array, jax.Array]:
   return ar, tar
 
 
+def _token_prefixes(split_ids: dict, d) -> dict:
+  """CPU-scale runs: the first data.max_train_tokens tokens of the train
+  split and data.max_eval_tokens of valid / test (None: all)."""
+  out = dict(split_ids)
+  for name, splits in (("max_train_tokens", ("train",)),
+                       ("max_eval_tokens", ("valid", "test"))):
+    n = d.get(name)
+    if n is None:
+      continue
+    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+      raise ConfigError(f"data.{name} must be None or an int >= 1, got "
+                        f"{n!r}")
+    out.update({s: out[s][:n] for s in splits})
+  return out
+
+
 class LanguageModelTask(ModelTask):
   name = "lm"
 
   def __init__(self, config):
     d = self.data_cfg = config.data
+    check_ints(d, {"batch_size": 1, "bptt": 1, "eval_batch_size": 1,
+                   "eval_bptt": 1, "seed": 0, "pad_to": 1},
+               optional=("pad_to",))
+    check_bools(d, ("variable_bptt",))
     try:
       ids, self.vocab = corpora.load_corpus(d.corpus, "train", d.data_dir,
                                             manual_dir=d.manual_dir)
@@ -58,13 +78,13 @@ class LanguageModelTask(ModelTask):
                           f"(or None), got {cutoff!r}")
       self.split_ids["train"], self.num_cut = batching.cut_stream_sentences(
           self.split_ids["train"], self.vocab.eos_id, cutoff)
-    if d.max_train_tokens:   # CPU-scale runs: a prefix of each split
-      self.split_ids = {s: v[:d.max_train_tokens if s == "train" else
-                             d.max_eval_tokens or len(v)]
-                        for s, v in self.split_ids.items()}
-    for name in ("batch_size", "bptt", "eval_batch_size", "eval_bptt"):
-      if not isinstance(d[name], int) or d[name] < 1:
-        raise ConfigError(f"data.{name} must be an int >= 1, got {d[name]!r}")
+    self.split_ids = _token_prefixes(self.split_ids, d)
+    for s in self.eval_splits():   # each must fill the eval streams
+      try:
+        batching.batchify(self.split_ids[s], d.eval_batch_size)
+      except ValueError as e:
+        raise ConfigError(f"data.eval_batch_size / data.max_eval_tokens: "
+                          f"split {s!r}: {e}") from None
     V = len(self.vocab)
     self._setup_model(build_model(config.model, lambda cells: LanguageModel(
         cells=cells, vocab_size=V, tie_embedding=config.model.tie_embedding,

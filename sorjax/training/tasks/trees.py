@@ -31,7 +31,8 @@ from sorjax import trees
 from sorjax.data import keyword_trees
 from sorjax.data.vocab import Vocab
 from sorjax.models.tree_classifier import TreeClassifier, loss_and_accuracy
-from sorjax.training.tasks.common import ConfigError
+from sorjax.training.tasks.common import BATCH_FIELDS, ConfigError, \
+    check_bools, check_ints, check_scale
 
 log = logging.getLogger(__name__)
 _STEP_KEYS = ("node", "left", "right", "step_mask")
@@ -51,6 +52,10 @@ class TreeTask:
     if m.cell not in cells_lib.TREE_CELLS:
       raise ConfigError(f"model.cell: the trees task needs a tree cell "
                         f"{cells_lib.TREE_CELLS}, got {m.cell!r}")
+    check_ints(d, {**BATCH_FIELDS, "gradient_trees": 0},
+               optional=("gradient_trees",))   # None: no gradient ratios
+    check_bools(d, ("binary", "per_node"))
+    check_scale(d)
     self.batch_size, self.eval_batch_size = d.batch_size, d.eval_batch_size
     self.seed, self.per_node = d.seed, bool(d.get("per_node", False))
     self.examples = None
@@ -62,6 +67,9 @@ class TreeTask:
     else:
       raise ConfigError(f"data.dataset must be 'keyword' or 'sst', got "
                         f"{d.dataset!r}")
+    if len(self.split_trees["train"]) < self.batch_size:  # no full batch
+      raise ConfigError(f"data.batch_size={self.batch_size} exceeds the "
+                        f"{len(self.split_trees['train'])} training trees")
     extra = {"activation": m.activation} if m.get("activation") else {}
     try:
       self.cell = cells_lib.make(m.cell, hidden_size=m.hidden_size, **extra)
