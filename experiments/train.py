@@ -55,7 +55,7 @@ def prepare_process(host_malloc: str, whole_small_loops: bool = False,
   (warnings stay), then `--host_malloc` (`sorjax.host_memory.configure`,
   which may restart the process), logged when it applies, then
   `--cpu_devices` (`force_cpu_devices`; 0 leaves XLA's count), checked to
-  apply, then `--small_loops` (`sorjax.small_loops.compile_whole_checked`).
+  apply, then `--small_loops` (`sorjax.small_loops.compile_whole`, checked).
 
   Raises:
     ValueError: `--small_loops` or `--cpu_devices` in a process that
@@ -66,8 +66,13 @@ def prepare_process(host_malloc: str, whole_small_loops: bool = False,
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if host_memory.configure(host_malloc):
     logging.info("host_malloc: %s", host_memory.APPLIED[host_malloc])
+  # Both sets of XLA flags before anything starts JAX's backend (the
+  # device count below does): XLA reads XLA_FLAGS once.
   if cpu_devices:
     force_cpu_devices(cpu_devices)
+  if whole_small_loops:
+    small_loops.compile_whole()
+  if cpu_devices:
     _cpu_only("--cpu_devices")
     if jax.device_count() != cpu_devices:
       raise RuntimeError(
@@ -75,7 +80,7 @@ def prepare_process(host_malloc: str, whole_small_loops: bool = False,
           f"devices (XLA_FLAGS={os.environ.get('XLA_FLAGS', '')!r})")
     logging.info("cpu_devices: %d", cpu_devices)
   if whole_small_loops:
-    small_loops.compile_whole_checked("--small_loops")
+    small_loops.check_compiled_whole("--small_loops")
     _cpu_only("--small_loops")
     logging.info("small_loops: %s", small_loops.xla_flags())
 
@@ -145,7 +150,12 @@ def _check_stopping(config) -> None:
                      f"{config.plateau.enabled!r}")
   Plateau(config.plateau.factor, config.plateau.patience)
   es = config.early_stopping
-  if es.patience is not None:   # None: no early stopping (0 is an error)
+  # None or 0: no early stopping (0 as docs/RESULTS.md and reproduce use
+  # it, settable from the command line where None was not)
+  check_number("early_stopping.patience", es.patience,
+               ">= 0 (0: no early stopping)", lambda v: v >= 0,
+               integer=True, optional=True)
+  if es.patience:
     EarlyStopping(es.patience)
   check_number("early_stopping.stop_below", es.get("stop_below"),
                "(finite)", lambda v: True, optional=True)

@@ -96,6 +96,12 @@ def compile_whole_checked(where: str, max_bytes: int = MAX_BYTES) -> None:
     ValueError: as `compile_whole`.
   """
   compile_whole(max_bytes)
+  check_compiled_whole(where)
+
+
+def check_compiled_whole(where: str) -> None:
+  """A RuntimeError naming `where` unless `compiled_whole()`: for a caller
+  that sets other XLA flags between `compile_whole` and starting JAX."""
   if not compiled_whole():
     raise RuntimeError(
         f"{where}: XLA compiled a small loop as before (XLA_FLAGS="

@@ -102,3 +102,17 @@ def test_an_int_field_is_unset_by_none_from_the_command_line(tmp_path):
   assert res.returncode == 1
   assert "model has no field 'intermedate_size'; did you mean " \
       "'intermediate_size'?" in res.stderr
+
+
+def test_cpu_devices_and_small_loops_together(tmp_path):
+  """--cpu_devices counted the devices (starting JAX's backend) before
+  --small_loops set its XLA flags, which XLA then never read."""
+  code = ("from experiments import train; "
+          "train.prepare_process('default', True, 2); "
+          "import jax; from sorjax import small_loops; "
+          "print(jax.device_count(), small_loops.compiled_whole())")
+  env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
+  res = subprocess.run([sys.executable, "-c", code], cwd=ROOT, env=env,
+                       capture_output=True, text=True, timeout=120)
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert res.stdout.split() == ["2", "True"]

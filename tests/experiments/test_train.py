@@ -83,9 +83,11 @@ def test_config_errors_stop_before_training(tmp_path):
     ("plateau.factor", 1.0, r"plateau.factor must be a number in \(0, 1\)"),
     ("plateau.patience", -1, "plateau.patience must be an int >= 0"),
     ("plateau.enabled", "no", "plateau.enabled must be a bool"),
-    ("early_stopping.patience", 0, "early_stopping.patience must be an int "
-                                   ">= 1, got 0"),
-    ("early_stopping.patience", -1, "early_stopping.patience must be an int"),
+    ("early_stopping.patience", -1, "early_stopping.patience must be None "
+                                    r"or an int >= 0 \(0: no early "
+                                    r"stopping\), got -1"),
+    ("early_stopping.patience", 1.5, "early_stopping.patience must be None "
+                                     "or an int"),
     ("early_stopping.stop_below", float("nan"),
      "early_stopping.stop_below must be None or a number"),
     ("nt_asgd.nonmono", 0, "nt_asgd.nonmono must be an int >= 1"),
@@ -99,6 +101,14 @@ def test_validate_checks_the_loop_fields(path, value, msg):
   cfg[section] = {**cfg[section].to_dict(), field: value}  # any type
   with pytest.raises(ConfigError, match=msg):
     train.validate(cfg)
+
+
+@pytest.mark.parametrize("patience", [None, 0, 3])
+def test_early_stopping_off_by_none_or_zero(patience):
+  """0 is "off" as reproduce item 4 and docs/RESULTS.md use it."""
+  cfg = tiny_dyck.get_config()
+  cfg.early_stopping = {**cfg.early_stopping.to_dict(), "patience": patience}
+  train.validate(cfg)
 
 
 def test_validate_checks_the_batch_splits_over_the_devices(monkeypatch):
