@@ -251,26 +251,34 @@ def split_step(cell: Cell, params: PyTree, carry: PyTree, xp: PyTree
   post(q, carry, xp, r_{t-1} W) with (W, q) = split(params) and r_{t-1} =
   recurrent_input(carry), its new carry checked by `check_step`."""
   W, q = cell.split(params)
-  return check_step(cell, carry, xp,
-                    cell.post(q, carry, xp, cell.recurrent_input(carry) @ W))
+  return check_step(cell, carry, xp, lambda: cell.post(
+      q, carry, xp, cell.recurrent_input(carry) @ W))
 
 
-def check_step(cell: Cell, carry: PyTree, xp: PyTree, out):
-  """out = (new carry, y) of one step of cell, once a trace-time check
-  finds the new carry shaped as carry. The one way it is not: an xp of
-  another shape than one step's ([B, T, ..] of a whole sequence, or of
-  another batch), which broadcasts against the carry into a result of
-  another shape, silently where T = B."""
-  want, got = _shapes(carry), _shapes(out[0])
+def check_step(cell: Cell, carry: PyTree, xp: PyTree, step: Callable):
+  """step() = (new carry, y) of one step of cell, once trace-time checks
+  find that it combined xp with the carry into a carry of the same shapes.
+  An xp of another shape than one step's ([B, T, ..] of a whole sequence,
+  or of another batch) either fails to broadcast against the carry (an
+  error naming neither) or, where T = B, broadcasts silently into a carry
+  of another shape: both are named here."""
+  from sorjax.cells import name_of  # the registry imports this module
+  show = lambda d: ", ".join(  # noqa: E731
+      f"{k} {v}".strip() for k, v in d.items())
+  want = _shapes(carry)
+  must = (f"{name_of(cell)}.step: xp must be one step's input terms "
+          f"(cell.precompute(params, xs[:, t])), for the carry's batch shape "
+          f"{next(iter(want.values()))[:-1]}")
+  try:
+    out = step()
+  except (TypeError, ValueError) as e:
+    first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    raise ValueError(f"{must}: the carry ({show(want)}) and xp "
+                     f"({show(_shapes(xp))}) do not combine ({first})") from e
+  got = _shapes(out[0])
   if got != want:
-    from sorjax.cells import name_of  # the registry imports this module
-    show = lambda d: ", ".join(  # noqa: E731
-        f"{k} {v}".strip() for k, v in d.items())
-    batch = next(iter(want.values()))[:-1]
-    raise ValueError(
-        f"{name_of(cell)}.step: xp must be one step's input terms, for the "
-        f"carry's batch shape {batch}: the carry ({show(want)}) became "
-        f"({show(got)}) with xp ({show(_shapes(xp))})")
+    raise ValueError(f"{must}: the carry ({show(want)}) became ({show(got)}) "
+                     f"with xp ({show(_shapes(xp))})")
   return out
 
 

@@ -122,6 +122,8 @@ class DyckRNN:
     return DyckInputs(g, g * (xs @ params["W_hx"]))
 
   def step(self, params, carry, xp):
-    h = carry.h
-    h = xp.g * push(h) + (1 - xp.g) * pop(h) + xp.u                 # eq. 4-5
-    return base.check_step(self, carry, xp, (base.HCarry(h), h))
+    def step():
+      h = carry.h
+      h = xp.g * push(h) + (1 - xp.g) * pop(h) + xp.u               # eq. 4-5
+      return base.HCarry(h), h
+    return base.check_step(self, carry, xp, step)

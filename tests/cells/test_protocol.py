@@ -96,13 +96,17 @@ def test_step_refuses_the_input_terms_of_a_whole_sequence(name):
   carry under JAX's default rank promotion into a [B, B, H] state: step
   names the mistake instead."""
   cell, params, xs, aux = setup(name)
-  seq = {k: (v[:, :B] if jnp.ndim(v) >= 2 else v) for k, v in aux.items()}
-  xp = cell.precompute(params, xs[:, :B], **seq)
   carry = cell.initial_carry(params, (B,))
-  with jax.numpy_rank_promotion("allow"), pytest.raises(
-      ValueError, match=rf"{name}.step: xp must be one step's input terms, "
-      rf"for the carry's batch shape \({B},\): the carry \(.h \({B}, "):
-    cell.step(params, carry, xp)
+  must = (rf"{name}.step: xp must be one step's input terms "
+          rf"\(cell.precompute\(params, xs\[:, t\]\)\), for the carry's "
+          rf"batch shape \({B},\): the carry \(.h \({B}, ")
+  for t in (B, T):  # T = B broadcasts silently; T != B fails, unnamed
+    seq = {k: (v[:, :t] if jnp.ndim(v) >= 2 else v) for k, v in aux.items()}
+    xp = cell.precompute(params, xs[:, :t], **seq)
+    with jax.numpy_rank_promotion("allow"), pytest.raises(
+        ValueError, match=must + (r".*\) became \(" if t == B else
+                                  r".*\) do not combine \(")):
+      cell.step(params, carry, xp)
   new, y = cell.step(params, carry,
                      cell.precompute(params, xs[:, 0], **aux_at(aux, t=0)))
   assert y.shape == (B, cell.hidden_size)
