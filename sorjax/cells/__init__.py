@@ -6,7 +6,9 @@
     xp = cell.precompute(params, xs, **aux)     # input-only terms, all steps at once
     carry, y = cell.step(params, carry, xp_t)  # the recurrent part of one step
 
-Modules are imported on first use, so `import sorjax` stays cheap.
+`make` imports a cell's module when the cell is first made. (`import
+sorjax` imports some of them anyway: the fused layers that `sorjax.unroll`
+dispatches to use their cells' helpers.)
 """
 
 from __future__ import annotations

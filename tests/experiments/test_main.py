@@ -116,3 +116,22 @@ def test_cpu_devices_and_small_loops_together(tmp_path):
                        capture_output=True, text=True, timeout=120)
   assert res.returncode == 0, res.stderr[-2000:]
   assert res.stdout.split() == ["2", "True"]
+
+
+def test_remat_dots_from_the_command_line(tmp_path):
+  """model.remat was a bool field, so "dots" (unroll's third value) was a
+  flag error; any other value is a config error naming the field."""
+  import json
+  workdir = tmp_path / "dots"
+  cmd = [sys.executable, "-m", "experiments.main", *argv(CONFIG, workdir)[1:],
+         "--config.train.num_epochs=1"]
+  res = subprocess.run(cmd + ["--config.model.remat=dots"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert res.returncode == 0, res.stderr[-2000:]
+  assert json.load(open(workdir / "config.json"))["model"]["remat"] == "dots"
+  res = subprocess.run(cmd + ["--config.model.remat=1",
+                              f"--workdir={tmp_path / 'one'}"], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert res.returncode == 1
+  assert res.stderr.strip().endswith(
+      "config error: model.remat must be False, True or \"dots\", got 1")

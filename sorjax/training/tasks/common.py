@@ -19,6 +19,7 @@ import dataclasses
 from typing import Any, Callable
 
 import ml_collections
+from ml_collections.config_dict import FieldReference
 
 from sorjax import budget as budget_lib
 from sorjax import cells as cells_lib
@@ -77,7 +78,10 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       output_dropout=0.0, locked_dropout=False, weight_drop=0.0,
       activation_reg=0.0, temporal_activation_reg=0.0,
       tie_embedding=False,
-      tie_projection=False, remat=False, unroll=None, hoist=True,
+      # remat: False, True or "dots"; typed `object` so that a command
+      # line can give any of them (a bool field refuses "dots")
+      tie_projection=False, remat=FieldReference(False, field_type=object),
+      unroll=None, hoist=True,
       fused_grad=None,
       **{k: None for k in CELL_HPARAMS}))
   for k, v in overrides.items():
@@ -156,6 +160,10 @@ def trunk_kwargs(m: ml_collections.ConfigDict,
         "embedding with N(0, 1/E)")
   # Fields missing from an older run's config.json take the model default.
   kw = {k: m[k] for k in TRUNK_FIELDS if k in m}
+  if kw.get("remat", False) not in (False, True, "dots") or isinstance(
+      kw.get("remat"), (int, float)) and not isinstance(kw["remat"], bool):
+    raise ConfigError(f"model.remat must be False, True or \"dots\", got "
+                      f"{kw['remat']!r}")
   if not isinstance(kw["locked_dropout"], bool):
     kw["locked_dropout"] = tuple(kw["locked_dropout"])
   if kw["embedding"] != "learned":
@@ -199,5 +207,7 @@ def build_model(m: ml_collections.ConfigDict,
 def _checked(factory, cells):
   try:
     return factory(cells)
+  except ConfigError:  # already names its field
+    raise
   except ValueError as e:
     raise ConfigError(f"model: {e}") from None
