@@ -117,6 +117,7 @@ def unknown_override(config, argv, name: str = "config") -> str | None:
 
 def validate(config) -> None:
   """Checks the loop's fields; the task checks its own when built."""
+  _check_sections(config)
   if not isinstance(config.num_replicas, int) or config.num_replicas < 1:
     raise ConfigError(
         f"num_replicas must be an int >= 1, got {config.num_replicas!r}")
@@ -139,6 +140,24 @@ def validate(config) -> None:
   except ValueError as e:
     raise ConfigError(str(e)) from None
   _check_batch_sharding(config)
+
+
+def _check_sections(config) -> None:
+  """Every field of `base_config()` present, groups as groups: a config
+  built without it failed as a bare AttributeError ("'num_replicas'")."""
+  from sorjax.training.config import base_config
+  for name, default in base_config().items():
+    group = hasattr(default, "keys")
+    if name not in config or group and not hasattr(config[name], "keys"):
+      raise ConfigError(
+          f"the config has no {'group' if group else 'field'} {name!r}: "
+          "build it on sorjax.training.config.base_config() (as "
+          "experiments/configs/common.config does)")
+    if group:
+      missing = [k for k in default if k not in config[name]]
+      if missing:
+        raise ConfigError(f"{name} lacks the fields {missing} of "
+                          "sorjax.training.config.base_config()")
 
 
 def _check_stopping(config) -> None:

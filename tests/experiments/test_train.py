@@ -404,3 +404,18 @@ def test_replica_groups_train_a_dyck_model_as_vmap_does(tmp_path, cell):
     params[k] = jax.tree_util.tree_leaves(state.params)
   for a, b in zip(params[1], params[3]):
     np.testing.assert_allclose(a, b, rtol=2e-5, atol=2e-6)
+
+
+def test_a_config_without_the_loops_fields_is_named():
+  import ml_collections
+  with pytest.raises(ConfigError, match="the config has no group "
+                     "'early_stopping': build it on "
+                     r"sorjax.training.config.base_config\(\)"):
+    train.validate(ml_collections.ConfigDict({"task": "dyck_lm"}))
+  cfg = tiny_dyck.get_config()
+  cfg.train = {k: v for k, v in cfg.train.to_dict().items()
+               if k != "num_epochs"}
+  with pytest.raises(ConfigError, match=r"train lacks the fields "
+                     r"\['num_epochs'\]"):
+    train.validate(cfg)
+  train.validate(tiny_dyck.get_config())
