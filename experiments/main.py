@@ -7,9 +7,6 @@ Rerunning the same command resumes from the work directory's latest
 checkpoint.
 """
 
-import importlib.util
-import inspect
-import os
 import sys
 
 import jax
@@ -47,32 +44,20 @@ flags.DEFINE_bool("small_loops", False,
 flags.mark_flags_as_required(["config", "workdir"])
 
 
-def _argument(argv, name: str) -> str | None:
-  """The last value argv gives flag --name (as --name=v or --name v)."""
-  value = None
-  for i, arg in enumerate(argv[1:], 1):
-    for dash in ("--", "-"):
-      if arg.startswith(f"{dash}{name}="):
-        value = arg.split("=", 1)[1]
-      elif arg == f"{dash}{name}" and i + 1 < len(argv):
-        value = argv[i + 1]
-  return value
-
-
 def parse_flags(argv):
   """absl's parsing, with an override of a field the config lacks reported
   as a flag error that names it (`train.unknown_override`)."""
-  msg = _bad_path(argv)
+  msg = train.bad_path(argv)
   if msg is not None:
     _flag_error(msg)
-  argv, unset = _none_overrides(argv)
+  argv, unset = train.none_overrides(argv)
   given, sys.argv = sys.argv, argv  # config_flags reads sys.argv itself
   try:
     rest = app.parse_flags_with_usage(argv)
   except (KeyError, AttributeError, TypeError):
     # Raised while --config's file was being loaded with its overrides:
     # load the file alone and find the override that names no field.
-    spec = _argument(argv, "config")
+    spec = train.argument(argv, "config")
     msg = None if spec is None else train.unknown_override(
         FLAGS["config"].parser.parse(spec), argv)
     if msg is None:
@@ -93,62 +78,10 @@ def parse_flags(argv):
   return rest
 
 
-def _none_overrides(argv) -> tuple[list[str], list[tuple[str, str]]]:
-  """argv without its `--config.<path>=None` overrides, and those (arg,
-  path): ml_collections parses the value with the field's type, so an int
-  field could not be unset from the command line (e.g. the demo's
-  intermediate_size, to train an lstm). A later override of the same path
-  wins, as absl's last-flag-wins."""
-  kept, unset = [argv[0]], {}
-  for arg in argv[1:]:
-    flag, eq, value = arg.partition("=")
-    path = flag[len("--config."):] if flag.startswith("--config.") else None
-    if path is not None and eq and value == "None" and "[" not in path:
-      unset[path] = arg
-      continue
-    if path is not None:
-      unset.pop(path, None)
-    kept.append(arg)
-  return kept, [(arg, path) for path, arg in unset.items()]
-
-
 def _flag_error(msg: str):
   sys.stderr.write(f"FATAL Flags parsing error: {msg}\nPass --helpshort "
                    "or --helpfull to see help on flags.\n")
   sys.exit(1)
-
-
-def _bad_path(argv) -> str | None:
-  """What is wrong with --config's file or variant, or --workdir, before
-  ml_collections defers a missing file to a later traceback, or reports a
-  variant given to a config without one as get_config's TypeError."""
-  workdir = _argument(argv, "workdir")
-  if workdir and os.path.exists(workdir) and not os.path.isdir(workdir):
-    return f"flag --workdir={workdir}: a file, not a directory"
-  spec = _argument(argv, "config")
-  if not spec:
-    return None
-  path, _, variant = spec.partition(":")
-  if not os.path.isfile(path):
-    return f"flag --config={spec}: no such file {path!r}"
-  if variant:
-    module = importlib.util.module_from_spec(
-        importlib.util.spec_from_file_location("_config_to_check", path))
-    try:
-      module.__spec__.loader.exec_module(module)
-    except Exception:  # pylint: disable=broad-except
-      return None  # ml_collections reports the file's own error
-    get_config = getattr(module, "get_config", None)
-    if get_config is None:
-      return None
-    if not inspect.signature(get_config).parameters:
-      return (f"flag --config={spec}: {os.path.basename(path)} takes no "
-              f"variant (after ':'); give --config={path}")
-    try:
-      get_config(variant)
-    except ConfigError as e:  # the variant's usage, without a traceback
-      return f"flag --config={spec}: {e}"
-  return None
 
 
 def main(argv):

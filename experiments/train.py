@@ -4,6 +4,8 @@ write the figures the config asks for."""
 from __future__ import annotations
 
 import difflib
+import importlib.util
+import inspect
 import logging as std_logging
 import os
 
@@ -112,6 +114,70 @@ def unknown_override(config, argv, name: str = "config") -> str | None:
         return (f"flag {arg}: {where} has no field {part!r}{hint} (its "
                 f"fields: {', '.join(sorted(node.keys()))})")
       node = node[part]
+  return None
+
+
+def argument(argv, name: str) -> str | None:
+  """The last value argv gives flag --name (as --name=v or --name v)."""
+  value = None
+  for i, arg in enumerate(argv[1:], 1):
+    for dash in ("--", "-"):
+      if arg.startswith(f"{dash}{name}="):
+        value = arg.split("=", 1)[1]
+      elif arg == f"{dash}{name}" and i + 1 < len(argv):
+        value = argv[i + 1]
+  return value
+
+
+def none_overrides(argv) -> tuple[list[str], list[tuple[str, str]]]:
+  """argv without its `--config.<path>=None` overrides, and those (arg,
+  path): ml_collections parses the value with the field's type, so an int
+  field could not be unset from the command line (e.g. the demo's
+  intermediate_size, to train an lstm). A later override of the same path
+  wins, as absl's last-flag-wins."""
+  kept, unset = [argv[0]], {}
+  for arg in argv[1:]:
+    flag, eq, value = arg.partition("=")
+    path = flag[len("--config."):] if flag.startswith("--config.") else None
+    if path is not None and eq and value == "None" and "[" not in path:
+      unset[path] = arg
+      continue
+    if path is not None:
+      unset.pop(path, None)
+    kept.append(arg)
+  return kept, [(arg, path) for path, arg in unset.items()]
+
+
+def bad_path(argv) -> str | None:
+  """What is wrong with --config's file or variant, or --workdir, before
+  ml_collections defers a missing file to a later traceback, or reports a
+  variant given to a config without one as get_config's TypeError."""
+  workdir = argument(argv, "workdir")
+  if workdir and os.path.exists(workdir) and not os.path.isdir(workdir):
+    return f"flag --workdir={workdir}: a file, not a directory"
+  spec = argument(argv, "config")
+  if not spec:
+    return None
+  path, _, variant = spec.partition(":")
+  if not os.path.isfile(path):
+    return f"flag --config={spec}: no such file {path!r}"
+  if variant:
+    module = importlib.util.module_from_spec(
+        importlib.util.spec_from_file_location("_config_to_check", path))
+    try:
+      module.__spec__.loader.exec_module(module)
+    except Exception:  # pylint: disable=broad-except
+      return None  # ml_collections reports the file's own error
+    get_config = getattr(module, "get_config", None)
+    if get_config is None:
+      return None
+    if not inspect.signature(get_config).parameters:
+      return (f"flag --config={spec}: {os.path.basename(path)} takes no "
+              f"variant (after ':'); give --config={path}")
+    try:
+      get_config(variant)
+    except ConfigError as e:  # the variant's usage, without a traceback
+      return f"flag --config={spec}: {e}"
   return None
 
 

@@ -7,7 +7,9 @@ import subprocess
 import sys
 import time
 
-from experiments import main as launcher
+# experiments.main defines absl flags (experiments.reproduce too): its
+# argv checks live in experiments.train, importable beside both.
+from experiments import train as launcher
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
@@ -25,21 +27,21 @@ def test_bad_config_file_variant_and_workdir_are_named(tmp_path):
   config without one as get_config's TypeError; a workdir that is a file
   as os.makedirs' FileExistsError."""
   missing = str(tmp_path / "nope.py")
-  assert launcher._bad_path(argv(missing, tmp_path)) == (
+  assert launcher.bad_path(argv(missing, tmp_path)) == (
       f"flag --config={missing}: no such file {missing!r}")
-  assert launcher._bad_path(argv(CONFIG + ":x", tmp_path)) == (
+  assert launcher.bad_path(argv(CONFIG + ":x", tmp_path)) == (
       f"flag --config={CONFIG}:x: tiny_dyck.py takes no variant (after "
       f"':'); give --config={CONFIG}")
-  msg = launcher._bad_path(argv(LIN + ":bogus", tmp_path))
+  msg = launcher.bad_path(argv(LIN + ":bogus", tmp_path))
   assert msg.startswith(f"flag --config={LIN}:bogus: lin_dyck.py:'bogus': "
                         "model must be one of lstm, attention, assignment")
   afile = tmp_path / "afile"
   afile.write_text("")
-  assert launcher._bad_path(argv(CONFIG, afile)) == (
+  assert launcher.bad_path(argv(CONFIG, afile)) == (
       f"flag --workdir={afile}: a file, not a directory")
   for good in (argv(CONFIG, tmp_path / "new"), argv(LIN + ":lstm,m4", tmp_path),
                ["main"]):
-    assert launcher._bad_path(good) is None
+    assert launcher.bad_path(good) is None
   res = subprocess.run([sys.executable, "-m", "experiments.main",
                         *argv(missing, tmp_path)[1:]], cwd=ROOT,
                        capture_output=True, text=True, timeout=120)
@@ -74,7 +76,7 @@ def test_none_overrides_are_taken_out_and_the_last_flag_wins():
   argv = ["main", "--config=c.py", "--config.model.intermediate_size=None",
           "--config.seed=None", "--config.seed=3", "--config.a[0]=None",
           "--workdir=None"]
-  kept, unset = launcher._none_overrides(argv)
+  kept, unset = launcher.none_overrides(argv)
   assert kept == ["main", "--config=c.py", "--config.seed=3",
                   "--config.a[0]=None", "--workdir=None"]
   assert unset == [("--config.model.intermediate_size=None",
