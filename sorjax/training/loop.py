@@ -353,7 +353,11 @@ class Trainer:
     if self.plateau is not None:
       plateau_state = [self.plateau.init() for _ in range(self.R)]
       if meta["plateau"] is not None:
-        plateau_state = [type(s)(**{k: jnp.asarray(v) for k, v in d.items()})
+        # Saved as JSON floats: back in init's dtypes (optax's counters are
+        # int32, and its cond refuses a float32 one)
+        plateau_state = [type(s)(**{
+            k: jnp.asarray(v, jnp.asarray(getattr(s, k)).dtype)
+            for k, v in d.items()})
                          for s, d in zip(plateau_state, meta["plateau"])]
 
     state = self._place_state(state)

@@ -147,6 +147,21 @@ def test_a_signal_saves_the_step_and_the_rerun_ends_as_uninterrupted(
   np.testing.assert_array_equal(resumed.params["w"], full.params["w"])
 
 
+def test_resume_with_plateau_state_equals_uninterrupted(tmp_path):
+  """The plateau state was saved as JSON floats and restored as float32,
+  where optax's counters are int32: the next epoch end failed in its
+  lax.cond."""
+  def cfg(**train):
+    c = toy_config(**train)
+    c.plateau.enabled = True
+    return c
+  full = Trainer(ToyTask(), cfg(), str(tmp_path / "full")).run()
+  for steps in (7, 13, None):   # resumed inside epochs 1 and 2
+    cut = Trainer(ToyTask(), cfg(max_steps=steps),
+                  str(tmp_path / "cut")).run()
+  np.testing.assert_array_equal(cut.params["w"], full.params["w"])
+
+
 def test_rerun_with_another_config_is_refused_before_anything_is_written(
     tmp_path):
   """Resuming checkpoints under changed model or optimiser fields would
