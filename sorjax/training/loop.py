@@ -63,11 +63,13 @@ def _to_dict(cfg) -> dict:
 
 
 # What a resumed run may change in its config: how long it trains and how it
-# logs and checkpoints (train.*), the figures drawn after it, and options
-# that change speed or memory but not the model or its updates. Anything
+# logs and checkpoints (train.*), the figures drawn after it, options that
+# change speed or memory but not the model or its updates, and where the
+# corpora are read from (their content is checked by checksum). Anything
 # else would continue the saved weights as another model or another run.
 RESUMABLE = ("train", "figures", "replica_batch_size", "model.remat",
-             "model.unroll", "model.hoist", "model.fused_grad")
+             "model.unroll", "model.hoist", "model.fused_grad",
+             "data.data_dir", "data.manual_dir")
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:

@@ -196,9 +196,10 @@ def test_rerun_with_another_config_is_refused_before_anything_is_written(
 def test_config_changes_lists_each_differing_field():
   from sorjax.training.loop import config_changes
   saved = {"model": {"h": 4, "remat": False}, "train": {"max_steps": 1},
-           "sizes": [1, 2]}
+           "sizes": [1, 2], "data": {"data_dir": "/a", "k": 2}}
   given = {"model": {"h": 5, "remat": True, "new": 1},
-           "train": {"max_steps": 9}, "sizes": (1, 2)}
+           "train": {"max_steps": 9}, "sizes": (1, 2),
+           "data": {"data_dir": "/b", "k": 2}}
   assert config_changes(saved, given) == [
       "model.h: 4 -> 5", "model.new: '(absent)' -> 1"]
 
