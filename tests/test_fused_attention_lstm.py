@@ -97,9 +97,8 @@ def normal(seed, shape):
 
 
 @pytest.mark.parametrize("kind", KINDS)
-@pytest.mark.parametrize("lengths", [None, (4, 2)])
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("unroll", [None, 3])
+@pytest.mark.parametrize("unroll,reverse,lengths",
+                         checks.option_cases(3, (4, 2)))
 def test_every_gradient_matches_autodiff_of_the_scan(kind, lengths, reverse,
                                                      unroll):
   """Gradients to every parameter (V through alpha, per-token temperatures;

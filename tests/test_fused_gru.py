@@ -51,9 +51,8 @@ def test_matches_numpy_loop_per_example_length(unroll):
       ys, carry, (h0,), lengths, numpy_step(np_params(params)), xs)
 
 
-@pytest.mark.parametrize("lengths", [None, (6, 3, 0)])
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("unroll", [None, 4])
+@pytest.mark.parametrize("unroll,reverse,lengths",
+                         checks.option_cases(4, (6, 3, 0)))
 def test_every_gradient_matches_autodiff_of_the_scan(lengths, reverse,
                                                      unroll):
   """Gradients to every parameter, the inputs and the initial carry equal

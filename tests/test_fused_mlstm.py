@@ -69,9 +69,8 @@ def test_matches_numpy_loop_per_example_length(act, unroll):
 
 
 @pytest.mark.parametrize("act", ACTS)
-@pytest.mark.parametrize("lengths", [None, (6, 3, 0)])
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("unroll", [None, 4])
+@pytest.mark.parametrize("unroll,reverse,lengths",
+                         checks.option_cases(4, (6, 3, 0)))
 def test_every_gradient_matches_autodiff_of_the_scan(act, lengths, reverse,
                                                      unroll):
   """Gradients to every parameter, the inputs and the initial carry equal

@@ -104,9 +104,8 @@ def random_carry(name, cell, params):
 
 
 @pytest.mark.parametrize("name", sorted(CELLS))
-@pytest.mark.parametrize("lengths", [None, (6, 3, 0)])
-@pytest.mark.parametrize("reverse", [False, True])
-@pytest.mark.parametrize("unroll", [None, 4])
+@pytest.mark.parametrize("unroll,reverse,lengths",
+                         checks.option_cases(4, (6, 3, 0)))
 def test_every_gradient_matches_autodiff_of_the_scan(name, lengths, reverse,
                                                      unroll):
   """Gradients to every parameter, the inputs and the initial carry equal
