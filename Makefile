@@ -2,7 +2,7 @@
 PY ?= python3
 VENV ?= .venv
 BIN := $(VENV)/bin
-PYTEST_ARGS ?= -n 2
+PYTEST_ARGS ?= -n 2 --dist loadgroup
 
 .PHONY: venv demo zoo test bench clean
 

@@ -14,6 +14,9 @@ import pytest
 from experiments import train
 from sorjax import host_memory, small_loops
 
+# one worker builds the module's fixtures (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("test_small_loops")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 # Gradients (and outputs) of `unroll` for small cells, with lengths and

@@ -14,6 +14,9 @@ from sorjax.training.loop import Trainer
 from sorjax.training.tasks import make_task
 from tests.experiments import tiny_dyck
 
+# one worker builds the module's fixtures (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("analysis.test_runs")
+
 
 @pytest.fixture(scope="module")
 def run(tmp_path_factory):

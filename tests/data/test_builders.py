@@ -21,6 +21,9 @@ import tensorflow_datasets as tfds
 from sorjax.data import build as build_lib
 from sorjax.data import builders
 
+# one worker builds the module's fixtures (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("data.test_builders")
+
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 tfds.disable_progress_bar()
 

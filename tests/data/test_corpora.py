@@ -20,6 +20,9 @@ from sorjax.data import builders
 from sorjax.data import corpora
 from sorjax.data.corpora import load_corpus
 
+# one worker builds the module's fixtures (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("data.test_corpora")
+
 FIXTURES = pathlib.Path(__file__).parent / "fixtures"
 tfds.disable_progress_bar()
 

@@ -19,7 +19,9 @@ from sorjax.analysis import perplexity, runner
 from sorjax.analysis.common import AnalysisError
 from tests.experiments import tiny_dyck, tiny_trees
 
-pytestmark = pytest.mark.slow   # four tiny trainings, about 2 CPU-minutes
+# four tiny trainings, about 2 CPU-minutes, on one worker (--dist loadgroup)
+pytestmark = [pytest.mark.slow,
+              pytest.mark.xdist_group("experiments.test_analyze")]
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))

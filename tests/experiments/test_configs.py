@@ -33,6 +33,9 @@ from sorjax.training.tasks.common import ConfigError, build_model, \
     make_cells, trunk_kwargs
 from tests.lowering import assert_lowers_for_accelerators, train_step_args
 
+# one worker builds the module's fixtures (--dist loadgroup)
+pytestmark = pytest.mark.xdist_group("experiments.test_configs")
+
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 CONFIG_DIR = os.path.join(ROOT, "experiments", "configs")
