@@ -309,7 +309,13 @@ def evaluate(run, pairs: list[Pair], score_eos: bool = False,
              lowercase: bool | None = None, punctuation: str | None = None,
              batch_size: int = 64, tau: float | None = None) -> dict:
   """Accuracy per category (and overall) of log p(good) > log p(bad),
-  with the out-of-vocabulary and dropped-punctuation counts."""
+  with the out-of-vocabulary and dropped-punctuation counts.
+
+  `identical` counts the pairs whose two sentences become the same
+  symbols (they differ only in words mapped to `<unk>` or in dropped
+  punctuation): the LM cannot tell them apart, they tie, and the strict
+  comparison counts them incorrect. `accuracy_distinguishable` leaves
+  them out (None when no pair is left)."""
   name = "minimal_pairs"
   require_task(name, run, ("lm",))
   if not pairs:
@@ -322,14 +328,20 @@ def evaluate(run, pairs: list[Pair], score_eos: bool = False,
   lps = token_log_probs(run, seqs, batch_size, tau=tau)
   total = np.array([lp.sum() for lp in lps]).reshape(-1, 2)
   correct = total[:, 0] > total[:, 1]
+  same = np.array([np.array_equal(encs[2 * i].ids, encs[2 * i + 1].ids)
+                   for i in range(len(pairs))])
   cats = collections.defaultdict(list)
   for i, p in enumerate(pairs):
     cats[p.category].append(i)
   has_oov = np.array(sent_oov).reshape(-1, 2).any(1)
   return {
       "pairs": len(pairs), "accuracy": float(correct.mean()),
+      "identical": int(same.sum()),
+      "accuracy_distinguishable": (float(correct[~same].mean())
+                                   if not same.all() else None),
       "categories": {c: {"pairs": len(ix), "correct": int(correct[ix].sum()),
-                         "accuracy": float(correct[ix].mean())}
+                         "accuracy": float(correct[ix].mean()),
+                         "identical": int(same[ix].sum())}
                      for c, ix in sorted(cats.items())},
       "normalisation": norm, "score_eos": score_eos,
       "oov": {"tokens": int(sum(oov.values())), "types": len(oov),

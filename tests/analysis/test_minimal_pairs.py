@@ -150,7 +150,9 @@ def test_scores_and_category_accuracy_under_a_bigram_lm(tmp_path):
   assert res["accuracy"] == pytest.approx(ok.mean())
   assert res["categories"]["agreement"] == {
       "pairs": 2, "correct": int(ok[:2].sum()),
-      "accuracy": pytest.approx(ok[:2].mean())}
+      "accuracy": pytest.approx(ok[:2].mean()), "identical": 0}
+  assert res["identical"] == 0
+  assert res["accuracy_distinguishable"] == res["accuracy"]
   assert res["oov"]["tokens"] == 2 and res["oov"]["types"] == 1
   assert res["oov"]["sentences"] == 2 and res["oov"]["pairs"] == 1
   assert res["oov"]["most_common"] == [("dog", 2)]
@@ -163,6 +165,28 @@ def test_scores_and_category_accuracy_under_a_bigram_lm(tmp_path):
   assert both["runs"] == ["/fake/ptb", "/fake/ptb"]
   mp.plot_categories(both["results"], ["a", "b"], str(tmp_path / "c.png"))
   assert (tmp_path / "c.png").stat().st_size > 0
+
+
+def test_pairs_that_encode_alike_tie_and_are_counted():
+  """Sentences differing only in words mapped to <unk> (or in dropped
+  punctuation) are the same symbols: a tie, incorrect under the strict
+  comparison, counted as identical and left out of the distinguishable
+  accuracy."""
+  run = _BigramRun()
+  pairs = [mp.Pair("The dog sleeps.", "The cow sleeps", "unk"),  # identical
+           mp.Pair("The cat sleeps.", "The cat sleep.", "agreement"),
+           mp.Pair("The cats sleep.", "The cats sleeps.", "agreement")]
+  res = mp.evaluate(run, pairs)
+  tie = res["scores"][0]
+  assert tie[0] == tie[1]
+  ok = res["scores"][1:, 0] > res["scores"][1:, 1]
+  assert res["identical"] == 1 and res["categories"]["unk"] == {
+      "pairs": 1, "correct": 0, "accuracy": 0.0, "identical": 1}
+  assert res["categories"]["agreement"]["identical"] == 0
+  assert res["accuracy"] == pytest.approx(ok.sum() / 3)
+  assert res["accuracy_distinguishable"] == pytest.approx(ok.mean())
+  only = mp.evaluate(run, pairs[:1])
+  assert only["accuracy"] == 0.0 and only["accuracy_distinguishable"] is None
 
 
 def test_per_token_log_probs_of_one_sentence(tmp_path):
