@@ -1,6 +1,6 @@
-"""Mahto, Vo, Turek & Huth, sec. 3.1.1 (Tables 1-3): the AWD-LSTM language
-model (Merity et al. 2018) and its multi-timescale version on PTB and
-WikiText-2.
+"""Mahto, Vo, Turek & Huth, sec. 3.1.1 (Tables 1-3, Fig. 1): the AWD-LSTM
+language model (Merity et al. 2018) and its multi-timescale version on PTB
+and WikiText-2, and the Markov-PTB control (sec. 3.2.1, Fig. 1).
 
     python -m experiments.main \\
         --config=experiments/configs/mahto_lm.py:mts,ptb --workdir=DIR
@@ -11,7 +11,10 @@ Config string `<model>,<corpus>[,sizes=<H1>-<H2>-<H3>]`:
                     timescales from InvGamma(alpha = 0.56, beta = 1); both
                     with fixed forget/input biases (eq. 5); layer 3 a plain,
                     trained LSTM (sec. 3.1.1)
-  corpus  ptb or wikitext2
+  corpus  ptb, wikitext2, or markov_ptb: tokens drawn from PTB's bigram
+          chain, as many per split as PTB's (sec. 3.1.1), trained with
+          PTB's settings; Fig. 1 fits the baseline's unit timescales on it
+          and on PTB (`timescales` analysis)
   sizes   the three hidden sizes (default 1150-1150-400); the embedding
           size follows the last (tied embeddings), e.g. sizes=32-32-16 for
           a CPU-scale run
@@ -42,6 +45,7 @@ CORPORA = {  # AWD-LSTM settings per corpus (HuthLab run.sh / ReadMe)
     "wikitext2": dict(batch_size=80, input_dropout=0.65, hidden_dropout=0.2,
                       seed=1882),
 }
+CORPORA["markov_ptb"] = CORPORA["ptb"]  # the paper trains "the same model"
 
 
 def layers(model: str, sizes=SIZES) -> tuple:
@@ -72,7 +76,8 @@ def _sizes(o: _options.Options, value: str | None) -> tuple[int, int, int]:
 
 def get_config(config_string: str = "baseline,ptb"):
   o = _options.Options("mahto_lm", config_string,
-                       "<baseline|mts>,<ptb|wikitext2>[,sizes=H1-H2-H3]")
+                       "<baseline|mts>,<ptb|wikitext2|markov_ptb>"
+                       "[,sizes=H1-H2-H3]")
   model = o.choice("model", ("baseline", "mts"))
   corpus = o.choice("corpus", tuple(CORPORA))
   sizes = _sizes(o, o.keyed("sizes"))

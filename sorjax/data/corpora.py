@@ -110,8 +110,10 @@ def load_corpus(name: str, split: str, data_dir=None, *, manual_dir=None
   """Token ids of one split of a language-modelling corpus, and its vocab.
 
   Args:
-    name: "ptb", "ptb_char", "ptb_char_maupome" (or
-      "ptb_char_maupome/wsj_raw"), "wikitext2" or "tinyshakespeare".
+    name: a key of `LM_CORPORA`: "ptb", "ptb_char", "ptb_char_maupome"
+      (or "ptb_char_maupome/wsj_raw"), "ptb_char_maupome_bigram" (the
+      same text in character bigrams), "wikitext2", "tinyshakespeare" or
+      "markov_ptb" (Mahto et al.'s control corpus).
     split: "train", "validation" ("valid", "dev") or "test".
     data_dir: where the prepared dataset and the id cache live (default:
       TFDS's data dir).
@@ -126,10 +128,8 @@ def load_corpus(name: str, split: str, data_dir=None, *, manual_dir=None
   """
   spec = corpus(name)
   split = canonical_split(split)
-  base, _, config = name.partition("/")
-  source = (spec.builder + (f"/{config}" if config else "")
-            if spec.builder else name)
-  b = builders.prepare(source, data_dir, manual_dir)
+  base = name.partition("/")[0]
+  b = builders.prepare(_source(name, spec), data_dir, manual_dir)
   cache = pathlib.Path(b.data_dir) / (
       _CACHE if spec.builder is None else f"{_CACHE}_{base}")
   vocab = _vocab(name, cache, b)
@@ -152,8 +152,16 @@ def load_corpus(name: str, split: str, data_dir=None, *, manual_dir=None
 
 def corpus_metadata(name: str, data_dir=None, *, manual_dir=None) -> dict:
   """The builder's metadata: source, verified files, skipped counts, ..."""
-  corpus(name)
-  return dict(builders.prepare(name, data_dir, manual_dir).info.metadata)
+  source = _source(name, corpus(name))
+  return dict(builders.prepare(source, data_dir, manual_dir).info.metadata)
+
+
+def _source(name: str, spec: Corpus) -> str:
+  """The dataset (and config) a corpus name reads."""
+  if spec.builder is None:
+    return name
+  config = name.partition("/")[2]
+  return spec.builder + (f"/{config}" if config else "")
 
 
 def _read_lines(b, split: str) -> list[str]:

@@ -144,6 +144,8 @@ def test_metadata_reports_what_was_skipped(tmp_path):
   assert meta["skipped"] == {"train": {"lines empty after preprocessing": 1}}
   assert meta["unverified"] == ["ptb.train.txt", "ptb.valid.txt",
                                 "ptb.test.txt"]
+  # the bigram corpus reads the same dataset
+  assert corpora.corpus_metadata("ptb_char_maupome_bigram", data_dir) == meta
 
 
 @pytest.mark.parametrize("name, split, error, message", [

@@ -106,6 +106,7 @@ CASES = [
     Case(mahto_lm, "mts,ptb,sizes=8-8-4", MAHTO_LM, corpus=True,
          full_epoch=True),
     Case(mahto_lm, "baseline,wikitext2,sizes=6-6-4", MAHTO_LM, corpus=True),
+    Case(mahto_lm, "baseline,markov_ptb,sizes=6-6-4", MAHTO_LM, corpus=True),
     Case(mahto_dyck, "mts", {**PCFG, "num_replicas": 2}, full_epoch=True),
     Case(mahto_dyck, "baseline", PCFG),
 ]
@@ -412,7 +413,8 @@ def test_le_zuidema_keyword_is_section_3(cell, batch, experiment):
 
 
 @pytest.mark.parametrize("corpus,batch,dropouti,dropouth", [
-    ("ptb", 20, 0.4, 0.25), ("wikitext2", 80, 0.65, 0.2)])
+    ("ptb", 20, 0.4, 0.25), ("wikitext2", 80, 0.65, 0.2),
+    ("markov_ptb", 20, 0.4, 0.25)])  # the control: PTB's settings
 @pytest.mark.parametrize("model", ["baseline", "mts"])
 def test_mahto_lm_is_section_3_1_1(model, corpus, batch, dropouti, dropouth):
   c = mahto_lm.get_config(f"{model},{corpus}")

@@ -80,7 +80,7 @@ def test_bad_items_and_options_are_named(tmp_path):
     reproduce.reproduce("1", str(tmp_path), replicas=0)
   assert reproduce.resolve("5") == "keyword_trees"
   assert reproduce.resolve("multi_timescale") == "multi_timescale"
-  assert sorted(n for n, _ in reproduce.ITEMS.values()) == list(range(1, 9))
+  assert sorted(n for n, _ in reproduce.ITEMS.values()) == list(range(1, 10))
   ctx = reproduce.Context(str(tmp_path), "micro", 3)
   with pytest.raises(reproduce.ReproduceError,
                      match="override data.nope: the config has no 'nope'"):
@@ -131,3 +131,52 @@ def test_items_7_and_8_share_the_wikitext2_runs(tmp_path, monkeypatch):
   assert trained == [os.path.join("wikitext2", n)
                      for n in ("lstm", "attention2", "attention5")]
   assert [r["name"] for r in ctx8.runs] == ["lstm", "attention2"]
+
+
+def test_item_9_fits_the_ptb_and_markov_baselines_sharing_item_6s(
+    tmp_path, monkeypatch):
+  """The Markov control trains only the Markov-PTB baseline; the PTB one is
+  item 6's run (same directory, same overrides); every replica's
+  timescales are fit."""
+  trained, fitted = [], []
+
+  def fake_train(ctx, name, config, string, overrides):
+    trained.append((os.path.relpath(ctx.root, tmp_path), name, config,
+                    string, overrides))
+    return os.path.join(ctx.root, name)
+
+  def fake_analyse(wd, names, out, replica=0, **options):
+    fitted.append((os.path.basename(wd), replica, names))
+    os.makedirs(out)
+    open(os.path.join(out, "timescales_ks.png"), "wb").close()
+    best = 0.1 * (replica + 1)
+    return {"timescales": {"ks": {
+        "units": 8, "non_finite": 0, "best_family": "inverse_gamma",
+        "inverse_gamma": {"best_alpha": 1.4, "best_ks": best},
+        "narrow_gaussian": {"best_mu": 0.5, "best_ks": 2 * best}}}}
+
+  monkeypatch.setattr(reproduce, "train", fake_train)
+  monkeypatch.setattr(reproduce, "analyse", fake_analyse)
+  monkeypatch.setattr(reproduce, "per_replica", lambda wd: [
+      {"perplexity": 50.0 + r, "loss": 3.9, "best_epoch": 1}
+      for r in range(2)])
+  ctx = reproduce.Context(str(tmp_path / "markov_control"), "cpu", 2)
+  os.makedirs(ctx.root)
+  out = reproduce.item_markov_control(ctx)
+  sizes, ov = reproduce._mahto_lm_scale(ctx)
+  assert trained == [
+      ("multi_timescale", "lm_baseline", "mahto_lm",
+       f"baseline,ptb,sizes={sizes}", ov),
+      ("markov_control", "lm_markov_baseline", "mahto_lm",
+       f"baseline,markov_ptb,sizes={sizes}", ov)]
+  assert fitted == [(n, r, ["timescales"]) for n in ("lm_baseline",
+                                                     "lm_markov_baseline")
+                    for r in range(2)]
+  res = out["results"]["markov_ptb"]
+  assert [f["inverse_gamma"]["best_ks"] for f in res["ks_fits"]] == [0.1,
+                                                                     0.2]
+  assert res["inverse_gamma_best_ks"]["mean"] == pytest.approx(0.15)
+  assert res["narrow_gaussian_best_ks"]["mean"] == pytest.approx(0.3)
+  assert res["perplexity"]["mean"] == 50.5
+  assert [os.path.basename(f) for f in out["figures"]] == [
+      "timescales_ks_ptb.png", "timescales_ks_markov_ptb.png"]
