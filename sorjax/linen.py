@@ -86,8 +86,9 @@ class CellAdapter(nn.RNNCellBase):
 
     params = {name: self.param(name, init, name)
               for name in self._abstract_params(D)}
-    base.check_input_dtype(f"CellAdapter({type(self.cell).__name__})",
-                           params, x)
+    where = f"CellAdapter({type(self.cell).__name__})"
+    base.check_input_dtype(where, params, x)
+    base.check_carry(where, self.cell, params, carry, x.shape[:-1])
     xp = self.cell.precompute(params, x, **self._aux(x.shape[:-1]))
     return self.cell.step(params, carry, xp)
 

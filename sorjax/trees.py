@@ -319,18 +319,19 @@ def _lookup(kind: str, table, key, where: str, default=None) -> int:
       raise ValueError(
           f"{where}: {kind} {key!r} is not an integer; pass a "
           f"{'vocab' if kind == 'word' else 'labels'} mapping") from None
-    if kind == "word" and value < 0:  # would index the table from its end
-      raise ValueError(f"{where}: word id {key!r} is negative")
-    return value
-  if callable(table) and not isinstance(table, Mapping):
-    return int(table(key))
-  if key in table:
-    return int(table[key])
-  if default is not None:
-    return int(default)
-  raise ValueError(f"{where}: {kind} {key!r} is not in the "
-                   f"{'vocab' if kind == 'word' else 'labels'} mapping"
-                   + (" (pass unk=...)" if kind == "word" else ""))
+  elif callable(table) and not isinstance(table, Mapping):
+    value = int(table(key))
+  elif key in table:
+    value = int(table[key])
+  elif default is not None:
+    value = int(default)
+  else:
+    raise ValueError(f"{where}: {kind} {key!r} is not in the "
+                     f"{'vocab' if kind == 'word' else 'labels'} mapping"
+                     + (" (pass unk=...)" if kind == "word" else ""))
+  if kind == "word" and value < 0:  # would index the table from its end
+    raise ValueError(f"{where}: word {key!r} has a negative id ({value})")
+  return value
 
 
 def _arrays(tree: Tree | Any, where: str, vocab, labels, unk) -> TreeArrays:

@@ -186,3 +186,23 @@ def test_inputs_of_a_wider_dtype_than_the_params_are_named():
     rnn.init(jax.random.key(0), jnp.ones((2, 5, 3)))
   v = rnn.init(jax.random.key(0), jnp.ones((2, 5, 3), jnp.bfloat16))
   assert rnn.apply(v, jnp.ones((2, 5, 3), jnp.bfloat16)).dtype == jnp.bfloat16
+
+
+def test_a_carry_unlike_the_cells_is_named():
+  """nn.RNN's initial_carry is checked as unroll's is (it was blamed on
+  xp, the step's input terms)."""
+  cell = cells.make("lstm", hidden_size=6)
+  rnn = nn.RNN(CellAdapter(cell))
+  xs = jnp.ones((3, 5, 2))
+  v = rnn.init(jax.random.key(0), xs)
+  good = cell.initial_carry(v["params"]["cell"], (3,))
+  bad = good._replace(h=jnp.zeros((3, 7)))
+  with pytest.raises(ValueError, match=r"CellAdapter\(LSTM\): carry.h must "
+                     r"have shape \(3, 6\) for batch shape \(3,\), got "
+                     r"\(3, 7\)"):
+    rnn.apply(v, xs, initial_carry=bad)
+  with pytest.raises(ValueError, match=r"CellAdapter\(LSTM\): carry.h is "
+                     "bfloat16"):
+    rnn.apply(v, xs, initial_carry=jax.tree_util.tree_map(
+        lambda a: a.astype(jnp.bfloat16), good))
+  assert rnn.apply(v, xs, initial_carry=good).shape == (3, 5, 6)

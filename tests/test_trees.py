@@ -452,8 +452,16 @@ def test_encode_errors_name_tree_and_item():
   with pytest.raises(ValueError, match="tree 0: label '-1' maps to -1; label "
                      "ids must be >= 0"):
     trees.encode([trees.parse("(1 (-1 a) (1 b))")], vocab, unk=0)
-  with pytest.raises(ValueError, match="tree 0: word id -1 is negative"):
+  with pytest.raises(ValueError, match=r"tree 0: word -1 has a negative id "
+                     r"\(-1\)"):
     trees.encode([(-1, 2)])
+  # ... from a mapping, a function or unk too (it would index the
+  # embedding table from its end)
+  for kw in (dict(vocab={"a": -1, "b": 2}), dict(vocab=lambda w: -3),
+             dict(vocab={"b": 2}, unk=-1)):
+    with pytest.raises(ValueError, match=r"tree 0: word 'a' has a negative "
+                       r"id"):
+      trees.encode([("a", "b")], **kw)
   with pytest.raises(ValueError, match="word 1.7 is not an integer"):
     trees.encode([Tree(children=(Tree(word=1.7), Tree(word=2)))])
   flat = Tree(children=(Tree(word=1), Tree(word=2), Tree(word=3)))

@@ -203,3 +203,19 @@ def test_a_carry_unlike_initial_carry_is_named():
         c=jnp.zeros((3, 4))))
   carry, _ = sorjax.unroll(cell, p, xs)
   assert sorjax.unroll(cell, p, xs, carry=carry)[1].shape == (2, 5, 4)
+  # a carry of another dtype: wider would silently compute the state in
+  # float32, narrower (or int) failed as the scan's mismatched carry types
+  p16 = jax.tree_util.tree_map(lambda a: a.astype(jnp.bfloat16), p)
+  x16 = xs.astype(jnp.bfloat16)
+  with pytest.raises(ValueError, match=r"unroll: lstm: carry.h is float32, "
+                     r"but cell.initial_carry makes it bfloat16"):
+    sorjax.unroll(cell, p16, x16, carry=carry)
+  for dt in (jnp.bfloat16, jnp.int32):
+    with pytest.raises(ValueError, match=rf"unroll: lstm: carry.h is "
+                       rf"{jnp.dtype(dt).name}, but cell.initial_carry makes "
+                       r"it float32"):
+      sorjax.unroll(cell, p, xs, carry=jax.tree_util.tree_map(
+          lambda a: a.astype(dt), carry))
+  carry16, ys16 = sorjax.unroll(cell, p16, x16, carry=jax.tree_util.tree_map(
+      lambda a: a.astype(jnp.bfloat16), carry))
+  assert ys16.dtype == carry16.c.dtype == jnp.bfloat16

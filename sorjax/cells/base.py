@@ -103,14 +103,16 @@ def check_params(where: str, cell: Cell, params: PyTree, input_size: int,
 
 def check_carry(where: str, cell: Cell, params: PyTree, carry: PyTree,
                 batch_shape: tuple[int, ...]) -> None:
-  """Trace-time check that carry has the structure and shapes of
-  `cell.initial_carry(params, batch_shape)` (any dtype): a ValueError that
-  names the first entry that differs, where the step would fail with an
-  anonymous broadcasting error."""
+  """Trace-time check that carry has the structure, shapes and dtypes of
+  `cell.initial_carry(params, batch_shape)`: a ValueError that names the
+  first entry that differs, where the step would fail with an anonymous
+  broadcasting error or a scan's mismatched carry types, or (a wider
+  carry than the params) silently compute the state in the wider dtype."""
   initial = jax.eval_shape(lambda p: cell.initial_carry(p, batch_shape),
                            params)
   want, got = _shapes(initial), _shapes(carry)
   if got == want:
+    _check_carry_dtypes(where, initial, carry)
     return
   if list(got) != list(want):
     raise ValueError(
@@ -120,6 +122,18 @@ def check_carry(where: str, cell: Cell, params: PyTree, carry: PyTree,
   k = next(k for k in want if got[k] != want[k])
   raise ValueError(f"{where}: carry{k} must have shape {want[k]} for batch "
                    f"shape {tuple(batch_shape)}, got {got[k]}")
+
+
+def _check_carry_dtypes(where: str, initial: PyTree, carry: PyTree) -> None:
+  for (k, a), b in zip(jax.tree_util.tree_flatten_with_path(initial)[0],
+                       jax.tree_util.tree_leaves(carry)):
+    got = jnp.result_type(b)
+    if got != a.dtype:
+      raise ValueError(
+          f"{where}: carry{jax.tree_util.keystr(k)} is {got}, but "
+          f"cell.initial_carry makes it {a.dtype} for these params: the "
+          f"state must stay {a.dtype}; cast the carry (or init the params "
+          f"in {got})")
 
 
 def _shapes(tree: PyTree) -> dict[str, tuple]:

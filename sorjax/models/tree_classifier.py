@@ -24,10 +24,12 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sorjax import trees
 from sorjax.cells import base
 from sorjax.cells.tree import TreeLSTM
+from sorjax.layer_scan import concrete
 
 EMBED_INITS = ("le_zuidema", "normal")
 
@@ -82,12 +84,30 @@ class TreeClassifier(nn.Module):
                            self.param_dtype)
     cell_params = self.param(
         "cell", lambda key: self.cell.init(key, n, self.param_dtype))
+    _check_ids("TreeClassifier: schedule.tokens (word ids)", schedule.tokens,
+               self.vocab_size, "vocab_size")
     x = jnp.take(embedding, jnp.asarray(schedule.tokens), axis=0)  # leaves x
     states, roots = trees.run(self.cell, cell_params, x, schedule,
                               remat=self.remat)
     h = states.h if self.per_node else roots.h
     return nn.Dense(self.num_classes, param_dtype=self.param_dtype,
                     name="classifier")(h)
+
+
+def _check_ids(what: str, ids, n: int, name: str, allow: int | None = None
+               ) -> None:
+  """Concrete ids in [0, n) (or equal to `allow`); traced ones (inside jit)
+  cannot be checked. Out of range, a gather reads another row or NaN."""
+  v = concrete(ids)
+  if v is None or not v.size:
+    return
+  bad = (v < 0) | (v >= n)
+  if allow is not None:
+    bad &= v != allow
+  if bad.any():
+    at = tuple(int(i) for i in np.argwhere(bad)[0])
+    raise ValueError(f"{what} must be in [0, {name}={n}), got {int(v[at])} "
+                     f"at {list(at)}")
 
 
 def loss_and_accuracy(logits: jax.Array, schedule: trees.Schedule):
@@ -105,6 +125,9 @@ def loss_and_accuracy(logits: jax.Array, schedule: trees.Schedule):
     raise ValueError(
         f"loss_and_accuracy: logits {tuple(logits.shape)} do not match the "
         f"schedule's targets {tuple(labels.shape)} + [C]")
+  # a label >= C would make the loss NaN (a clamped gather's fill)
+  _check_ids("loss_and_accuracy: schedule.labels", labels, logits.shape[-1],
+             "the logits' classes", allow=-1)
   mask = labels >= 0
   safe = jnp.where(mask, labels, 0)
   logp = jax.nn.log_softmax(logits.astype(jnp.float32))

@@ -120,6 +120,27 @@ def test_loss_and_accuracy_against_numpy():
   np.testing.assert_allclose(acc, ref_acc)
   with pytest.raises(ValueError, match=r"logits \(3, 4, 5\) do not match"):
     loss_and_accuracy(per_node[:, :4], s)
+  # a label >= C (here 4 with 4 classes) made the loss NaN
+  with pytest.raises(ValueError, match=r"loss_and_accuracy: schedule.labels "
+                     r"must be in \[0, the logits' classes=4\), got 4 at "
+                     r"\[0, 3\]"):
+    loss_and_accuracy(per_node[..., :4], s)
+  with pytest.raises(ValueError, match=r"got 3 at \[0\]"):
+    loss_and_accuracy(roots[:, :3], s)
+
+
+def test_word_ids_outside_the_vocabulary_are_refused(schedule):
+  """An id >= vocab_size embedded as NaN (a clamped gather's fill)."""
+  model = TreeClassifier(vocab_size=5, num_classes=3,
+                         cell=sorjax.cells.make("tree_rnn", hidden_size=4))
+  s = trees.encode([((1, 2), (3, 12))])
+  with pytest.raises(ValueError, match=r"TreeClassifier: schedule.tokens "
+                     r"\(word ids\) must be in \[0, vocab_size=5\), got 12 "
+                     r"at \[0, 3\]"):
+    model.init(key(0), s)
+  ok = trees.encode([((1, 2), (3, 4))])
+  v = model.init(key(0), ok)
+  assert np.isfinite(np.asarray(model.apply(v, ok))).all()
 
 
 def test_bad_configuration_is_reported(schedule):
