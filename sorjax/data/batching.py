@@ -2,9 +2,10 @@
 
 Everything here is host-side NumPy that hands fixed-dtype int32 arrays to a
 jitted step. Both iterators run one epoch per `for` loop, are seeded, and
-can be checkpointed: `get_state()` is a small dict of ints (JSON- and
-Orbax-friendly); `set_state(state)` on a fresh iterator over the same data
-continues with exactly the batches the old one would have produced.
+can be checkpointed: `get_state()` is a small JSON- and Orbax-friendly dict
+of numbers (and a list of bucket boundaries); `set_state(state)` on a fresh
+iterator over the same data continues with exactly the batches the old one
+would have produced.
 
 Static shapes: `StreamBatcher(pad_to=T)` and `SequenceBatcher(boundaries=..)`
 (or `multiple=`) keep the number of distinct [B, T] shapes, hence of jit
@@ -140,10 +141,16 @@ class StreamBatcher:
     _check_int("StreamBatcher", "seed", seed, 0)
     _check_id("StreamBatcher", "pad_id", pad_id)
     check_bool("StreamBatcher", "variable", variable)
+    for name, value in (("p", p), ("sigma", sigma)):
+      if isinstance(value, (bool, np.bool_)) or not isinstance(
+          value, (int, float, np.integer, np.floating)):
+        raise ValueError(f"StreamBatcher: {name} must be a number, got "
+                         f"{value!r}")
     if not 0.0 <= p <= 1.0:
       raise ValueError(f"StreamBatcher: p must be in [0, 1], got {p!r}")
-    if not sigma >= 0.0:
-      raise ValueError(f"StreamBatcher: sigma must be >= 0, got {sigma!r}")
+    if not 0.0 <= sigma < math.inf:
+      raise ValueError(f"StreamBatcher: sigma must be finite and >= 0, "
+                       f"got {sigma!r}")
     if pad_to is not None:
       _check_int("StreamBatcher", "pad_to", pad_to, bptt)
     try:
@@ -155,7 +162,7 @@ class StreamBatcher:
                    "do not fill a row of %d streams", self.dropped,
                    np.size(tokens), batch_size)
     self.batch_size, self.bptt, self.variable = batch_size, bptt, variable
-    self.p, self.sigma, self.min_len = p, sigma, min_len
+    self.p, self.sigma, self.min_len = float(p), float(sigma), min_len
     self.seed, self.pad_to, self.pad_id = seed, pad_to, pad_id
     self.epoch, self._position, self._step = 0, 0, 0
 
@@ -196,12 +203,14 @@ class StreamBatcher:
                        np.full((self.batch_size,), seq_len, np.int32),
                        lr_scale)
 
-  def _fingerprint(self) -> dict[str, int]:
+  def _fingerprint(self) -> dict[str, int | float]:
     return {"num_tokens": self.num_tokens, "batch_size": self.batch_size,
             "bptt": self.bptt, "variable": int(self.variable),
-            "seed": self.seed, "pad_to": self.pad_to or 0}
+            "p": self.p, "sigma": self.sigma, "min_len": self.min_len,
+            "seed": self.seed, "pad_to": self.pad_to or 0,
+            "pad_id": self.pad_id}
 
-  def get_state(self) -> dict[str, int]:
+  def get_state(self) -> dict[str, int | float]:
     """Where the iterator stands, plus what it must be restored into."""
     return {"epoch": self.epoch, "position": self._position,
             "step": self._step, **self._fingerprint()}
@@ -219,14 +228,17 @@ class StreamBatcher:
 
 
 def _restore_check(cls: str, state: dict[str, Any],
-                   fingerprint: dict[str, int], keys: tuple[str, ...]):
+                   fingerprint: dict[str, int | float],
+                   keys: tuple[str, ...]):
+  # A state without a key (e.g. from before it was fingerprinted) cannot be
+  # checked, so it is refused.
   for key in keys + tuple(fingerprint):
     if key not in state:
       raise ValueError(f"{cls}.set_state: state lacks the key {key!r}")
   for key in keys:
-    _check_int(f"{cls}.set_state", key, int(state[key]), 0)
+    _check_int(f"{cls}.set_state", key, state[key], 0)
   for key, value in fingerprint.items():
-    if int(state[key]) != value:
+    if not np.array_equal(state[key], value):
       raise ValueError(
           f"{cls}.set_state: the state was saved with {key}={state[key]} "
           f"but this iterator has {key}={value}")
@@ -467,12 +479,13 @@ class SequenceBatcher:
     all_lengths[:len(members)] = lengths
     return SequenceBatch(inputs, all_lengths, targets, index)
 
-  def _fingerprint(self) -> dict[str, int]:
+  def _fingerprint(self) -> dict[str, Any]:
     return {"num_examples": len(self.inputs), "batch_size": self.batch_size,
             "seed": self.seed, "shuffle": int(self.shuffle),
-            "num_batches": len(self)}
+            "fill": int(self.fill), "boundaries": list(self.boundaries or ()),
+            "multiple": self.multiple, "num_batches": len(self)}
 
-  def get_state(self) -> dict[str, int]:
+  def get_state(self) -> dict[str, Any]:
     """Where the iterator stands, plus what it must be restored into."""
     return {"epoch": self.epoch, "batch": self._batch, **self._fingerprint()}
 

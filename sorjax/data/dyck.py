@@ -351,8 +351,8 @@ class DyckKM:
     bracket, of closing the top and of END in that state."""
     body, _, _, complete = self._parse(seq)
     k, m = self.k, self.m
-    if min_length is None:
-      min_length = 0
+    if min_length is None:                 # with max_length: sample's default
+      min_length = 0 if max_length is None else 1
     if max_length is not None:
       check_length_bounds(owner, min_length, max_length)
       if body.size > max_length:
@@ -393,7 +393,8 @@ class DyckKM:
     sample (START ... END) or a prefix (START ...). Without bounds: the
     automaton. With bounds (those `sample` was called with): the sampling
     process, i.e. the automaton with END redrawn before min_length and
-    conditioned on at most max_length brackets.
+    conditioned on at most max_length brackets. As in `sample`, min_length
+    defaults to 1 when max_length is given (to 0 without bounds).
     """
     seq = np.asarray(seq)
     body, d, p_open, p_close, p_end = self._next_probs(
@@ -421,7 +422,7 @@ class DyckKM:
     """The oracle's cross-entropy and perplexity over a whole split, every
     token after START predicted (END included); reported beside every Dyck
     result as the best achievable. Pass the split's bounds for the exact
-    sampling process, none for the automaton."""
+    sampling process, none for the automaton (defaults as in `oracle`)."""
     owner = f"{self}.oracle_score"
     nll, count = 0.0, 0
     for i, seq in enumerate(seqs):

@@ -30,7 +30,7 @@ that filtered pool exactly by rejection, without building the pool.
 
 from __future__ import annotations
 
-from typing import NamedTuple, Sequence, Union
+from typing import Iterable, NamedTuple, Sequence, Union
 
 import numpy as np
 
@@ -191,6 +191,9 @@ def sample(num: int, min_length: int, max_length: int, seed: int = 0,
     raise ValueError(f"{owner}: min_length={min_length} > "
                      f"max_length={max_length}")
   if depths is not None:
+    if isinstance(depths, (str, bytes)) or not isinstance(depths, Iterable):
+      raise ValueError(f"{owner}: depths must be a sequence of ints, got "
+                       f"{depths!r}")
     depths = frozenset(_check_int(owner, "depths[]", d, 0) for d in depths)
     # A tree with n >= 2 leaves has leaves at depths 1..n-1 only; n = 1: 0.
     if not any((d == 0 and min_length == 1) or 1 <= d < max_length
@@ -199,7 +202,10 @@ def sample(num: int, min_length: int, max_length: int, seed: int = 0,
           f"{owner}: no tree with {min_length}..{max_length} leaves has a "
           f"leaf at depths {sorted(depths)}")
     # Leaves at depth <= D: at most 2^D (Kraft), so (#qualifying / n) <= r.
-    ratio = min(1.0, 2.0 ** max(depths) / min_length)
+    # No leaf is deeper than max_length - 1; 2^D >= min_length gives r = 1.
+    top = min(max(depths), max_length - 1)
+    ratio = (1.0 if top >= int(min_length).bit_length()
+             else min(1.0, 2.0 ** top / min_length))
   rng = np.random.default_rng(seed)
   out: list[KeywordExample] = []
   attempts, limit = 0, 1_000 * num + 100_000
@@ -238,8 +244,10 @@ def _split(examples, sizes):
 
 
 def _sizes(owner, scale):
-  if not 0 < scale <= 1:
-    raise ValueError(f"{owner}: scale must be in (0, 1], got {scale}")
+  if isinstance(scale, (bool, np.bool_)) or not isinstance(
+      scale, (int, float, np.integer, np.floating)) or not 0 < scale <= 1:
+    raise ValueError(f"{owner}: scale must be a number in (0, 1], "
+                     f"got {scale!r}")
   return [(name, max(1, round(size * scale))) for name, size in SPLITS]
 
 

@@ -2,8 +2,9 @@
 
 "Using the empirical bigram probabilities from PTB, we sampled tokens
 sequentially until a new corpus of the same size had been generated."
-`markov_corpus(tokens, seed)` does that for any token stream (a 1-D int
-array, e.g. the ids of ptb.train.txt with an <eos> after every line):
+`markov_corpus(tokens, seed)` does that for any token stream (a 1-D array
+of ids >= 0, e.g. those of ptb.train.txt with an <eos> after every line;
+sparse ids are relabelled densely inside, which changes no draw):
 
     P(next = b | current = a) = count(a b) / count(a *)
 
@@ -32,6 +33,8 @@ import numpy as np
 
 from sorjax.data.checks import check_bool
 
+_MAX_TABLE = 2 ** 24        # bigram_successors' tables are indexed by id
+
 
 def _check_tokens(tokens) -> np.ndarray:
   x = np.asarray(tokens)
@@ -51,9 +54,15 @@ def bigram_successors(tokens, wrap: bool = True
                       ) -> tuple[np.ndarray, np.ndarray]:
   """(offsets, successors): the successors of token a, one per occurrence of
   the bigram (a, b) in the source, are successors[offsets[a]:offsets[a+1]].
-  Dead ends are pruned when wrap=False (see the module docstring)."""
+  Dead ends are pruned when wrap=False (see the module docstring). Ids index
+  the tables, so they must be < 2**24 (`markov_corpus` takes any ids)."""
   x = _check_tokens(tokens)
   check_bool("markov_corpus", "wrap", wrap)
+  if x.max() >= _MAX_TABLE:
+    raise ValueError(f"bigram_successors: token ids must be < 2**24 (they "
+                     f"index a table), got {int(x.max())} at position "
+                     f"{int(np.argmax(x))}; relabel them, e.g. with "
+                     "np.unique(tokens, return_inverse=True)")
   a, b = (x, np.roll(x, -1)) if wrap else (x[:-1], x[1:])
   V = int(x.max()) + 1
   while True:                              # prune transitions into dead ends
@@ -78,7 +87,9 @@ def markov_corpus(tokens, seed: int = 0, length: int | None = None,
       seed, (int, np.integer)) or seed < 0:
     raise ValueError(f"markov_corpus: seed must be an int >= 0, got {seed!r}")
   x = np.asarray(tokens)
-  offsets, successors = bigram_successors(x, wrap)
+  # Dense ids 0..V-1 in the ids' order: the same draws for any ids.
+  words, dense = np.unique(_check_tokens(x), return_inverse=True)
+  offsets, successors = bigram_successors(dense.reshape(-1), wrap)
   n = x.size if length is None else length
   if isinstance(n, (bool, np.bool_)) or not isinstance(
       n, (int, np.integer)) or n < 1:
@@ -95,4 +106,4 @@ def markov_corpus(tokens, seed: int = 0, length: int | None = None,
   for t, r in enumerate(u[1:].tolist(), 1):
     cur = succ[off[cur] + int(r * count[cur])]   # a random successor of cur
     out[t] = cur
-  return np.asarray(out, x.dtype)
+  return words[out].astype(x.dtype)

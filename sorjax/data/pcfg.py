@@ -95,11 +95,15 @@ class DyckPCFG:
     return (*opens, *closes)
 
   def decode(self, seq) -> str:
-    return "".join(self.vocab[t] for t in check_ids(f"{self}.decode", seq,
-                                                     len(self.vocab)))
+    """Ids to text `encode` reads back: symbols joined by spaces if k > 4
+    (multi-character symbols), else by nothing."""
+    sep = " " if self.k > 4 else ""
+    return sep.join(self.vocab[t] for t in check_ids(f"{self}.decode", seq,
+                                                      len(self.vocab)))
 
   def encode(self, text: str) -> np.ndarray:
-    """A string of bracket symbols (k <= 4; whitespace ignored) to ids."""
+    """Bracket symbols to ids: a string of one-character symbols if k <= 4
+    (whitespace ignored), else whitespace-separated symbols ("(3 3)")."""
     index = {s: i for i, s in enumerate(self.vocab)}
     symbols = text.split() if self.k > 4 else [c for c in text
                                                if not c.isspace()]
@@ -123,16 +127,28 @@ class DyckPCFG:
              exclude: Iterable[tuple[int, ...]] = ()) -> list[np.ndarray]:
     """`num` int32 sequences with min_length <= #brackets <= max_length,
     drawn from the grammar conditioned on those bounds. `unique`: no two
-    equal and none in `exclude` (tuples of ids)."""
+    equal and none in `exclude` (id sequences, e.g. earlier samples; only
+    with unique=True)."""
     owner = f"{self}.sample"
     num = check_int(owner, "num", num, 0)
     check_length_bounds(owner, min_length, max_length)
     check_bool(owner, "unique", unique)
     rng = np.random.default_rng(check_seed(owner, seed))
-    seen = set(exclude) if unique else set()
-    if unique:
+    seen: set[tuple[int, ...]] = set()
+    for i, s in enumerate(exclude):
+      arr = np.asarray(s)
+      if arr.ndim != 1 or arr.size and not np.issubdtype(arr.dtype,
+                                                         np.integer):
+        raise ValueError(f"{owner}: exclude[{i}] must be a 1-D sequence of "
+                         f"ids, got {s!r}")
+      seen.add(tuple(arr.tolist()))
+    if seen and not unique:
+      raise ValueError(f"{owner}: exclude is only honoured with "
+                       "unique=True, got unique=False")
+    if unique:                             # excluded words that could occur
       room = self.num_sequences(min_length, max_length) - sum(
-          min_length <= len(s) <= max_length for s in seen)
+          min_length <= len(s) <= max_length and self._is_word(s)
+          for s in seen)
       if num > room:
         raise ValueError(
             f"{owner}: asked for num={num} distinct sequences but only "
@@ -200,6 +216,14 @@ class DyckPCFG:
       raise ValueError(f"{owner}: the sequence leaves {depth[-1]} brackets "
                        "unclosed")
     return seq, opens, closes, depth
+
+  def _is_word(self, seq) -> bool:
+    """Whether `seq` is a complete word of the grammar."""
+    try:
+      self._pairs(np.asarray(seq, np.int64), complete=True)
+    except ValueError:
+      return False
+    return True
 
   def targets(self, seq) -> np.ndarray:
     """bool [len(seq), 2k+1]: row t = admissible symbols after seq[:t+1]

@@ -89,6 +89,9 @@ class Tokenizer:
     check_bool("Tokenizer", "letters_only", self.letters_only)
 
   def __call__(self, line: str) -> list[str]:
+    if not isinstance(line, str):
+      raise TypeError(f"Tokenizer: line must be a str, got "
+                      f"{type(line).__name__} {line!r:.40}")
     if self.letters_only:
       line = letters_only(line)
     words = line.split()
@@ -106,9 +109,13 @@ class Tokenizer:
     return symbols
 
   def lines(self, lines) -> Iterator[list[str]]:
-    """Tokenizes an iterable of lines, one symbol list per line."""
-    for line in lines:
-      yield self(line)
+    """Tokenizes an iterable of lines (not a str), one symbol list per
+    line."""
+    if isinstance(lines, str):             # would read as its characters
+      raise TypeError(f"Tokenizer.lines: lines must be an iterable of "
+                      f"lines, got the str {lines[:40]!r} (wrap it in a "
+                      "list or split it with str.splitlines)")
+    return map(self, lines)
 
   def file(self, path) -> Iterator[list[str]]:
     """Tokenizes a UTF-8 text file (or .gz), one symbol list per line."""

@@ -61,6 +61,15 @@ class Vocab:
         raise ValueError(f"Vocab: {name} symbol {special!r} is not among "
                          f"the symbols")
     if counts is not None:
+      if isinstance(counts, (str, bytes)) or not isinstance(counts,
+                                                            Iterable):
+        raise ValueError(f"Vocab: counts must be a sequence of "
+                         f"{len(symbols)} ints, got {counts!r:.40}")
+      counts = tuple(counts)
+      for i, c in enumerate(counts):
+        if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
+          raise ValueError(f"Vocab: counts must be ints, got {c!r} at "
+                           f"position {i}")
       counts = tuple(int(c) for c in counts)
       if len(counts) != len(symbols) or min(counts, default=0) < 0:
         raise ValueError(f"Vocab: counts must be {len(symbols)} "
@@ -205,7 +214,8 @@ class Vocab:
   # ------------------------------------------------------------------ I/O
 
   def save(self, path) -> epath.Path:
-    """Writes JSON to `path` (a file, or a directory: `<path>/vocab.json`).
+    """Writes JSON to `path`: a file, or `<path>/vocab.json` if `path` is a
+    directory or a str ending in "/" (created if missing).
 
     The write is atomic (temporary file, then rename over any existing
     file), so a run killed mid-write never leaves a truncated vocabulary.
@@ -259,8 +269,10 @@ def _not_str(owner: str, name: str, symbols,
 
 
 def _file(path) -> epath.Path:
+  # "run/" names a directory even before it exists (Path drops the "/").
+  is_dir = isinstance(path, str) and path.endswith("/")
   path = epath.Path(path)
-  return path / FILENAME if path.is_dir() else path
+  return path / FILENAME if is_dir or path.is_dir() else path
 
 
 # -------------------------------------------------------- corpus encoding

@@ -125,6 +125,9 @@ def test_variable_batcher_statistics_lr_scale_and_seeding():
     ({"bptt": 5, "pad_to": 4}, "pad_to must be an int >= 5"),
     ({"bptt": 5, "p": 1.5}, "p must be in"),
     ({"bptt": 5, "min_len": 0}, "min_len"),
+    ({"bptt": 5, "p": "0.5"}, "p must be a number, got '0.5'"),
+    ({"bptt": 5, "sigma": None}, "sigma must be a number, got None"),
+    ({"bptt": 5, "sigma": float("inf")}, "sigma must be finite"),
 ])
 def test_stream_batcher_errors(kwargs, match):
   kwargs = {"batch_size": 2, **kwargs}
@@ -165,6 +168,23 @@ def test_stream_state_must_match_the_data():
     it.set_state({k: v for k, v in state.items() if k != "position"})
   with pytest.raises(ValueError, match="position 999"):
     it.set_state({**state, "position": 999})
+  with pytest.raises(ValueError, match="position must be an int >= 0, got "
+                                       "3.7"):
+    it.set_state({**state, "position": 3.7})
+  it.set_state({**state, "position": np.int64(3)})
+  assert next(it).inputs[0, 0] == 3
+
+
+@pytest.mark.parametrize("name, value", [
+    ("p", 0.5), ("sigma", 2.0), ("min_len", 3), ("pad_id", 7)])
+def test_stream_state_must_match_every_setting(name, value):
+  make = lambda **kw: StreamBatcher(np.arange(1000), 2, 5, variable=True,
+                                    pad_to=30, **kw)
+  state = _roundtrip(make().get_state())
+  make().set_state(state)
+  with pytest.raises(ValueError, match=f"saved with {name}=.* this iterator "
+                                       f"has {name}={value}"):
+    make(**{name: value}).set_state(state)
 
 
 # ============================================================ sequences
@@ -271,6 +291,25 @@ def test_sequence_resume_equals_uninterrupted():
     SequenceBatcher(examples[:49], 4).set_state(it.get_state())
   with pytest.raises(ValueError, match="batch 99 beyond"):
     it.set_state({**it.get_state(), "batch": 99})
+
+
+@pytest.mark.parametrize("kwargs, match", [
+    ({"fill": False}, "fill=1 .* fill=0"),
+    ({"boundaries": (8, 16, 20)}, r"boundaries=\[8, 20\] .* "
+                                  r"boundaries=\[8, 16, 20\]"),
+    ({"boundaries": None}, r"boundaries=\[8, 20\] .* boundaries=\[\]"),
+])
+def test_sequence_state_must_match_every_setting(kwargs, match):
+  examples = _examples(n=50)
+  make = lambda **kw: SequenceBatcher(examples, 4, **{
+      "boundaries": (8, 20), **kw})
+  state = _roundtrip(make().get_state())
+  make().set_state(state)
+  with pytest.raises(ValueError, match=match):
+    make(**kwargs).set_state(state)
+  unbucketed = _roundtrip(make(boundaries=None).get_state())
+  with pytest.raises(ValueError, match="multiple=1 .* multiple=8"):
+    make(boundaries=None, multiple=8).set_state(unbucketed)
 
 
 @pytest.mark.parametrize("args, kwargs, match", [

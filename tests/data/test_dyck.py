@@ -220,6 +220,22 @@ def test_oracle_hand_computed_with_max_length():
   np.testing.assert_allclose(lang.oracle(seq, 0, 2), expected, atol=1e-15)
 
 
+def test_oracle_min_length_defaults_to_samples():
+  # sample(num, max_length=2) draws min_length 1: only "()" is accepted.
+  lang = DyckKM(1, 1)
+  seq = lang.sample(1, max_length=2)[0]
+  assert lang.decode(seq) == "START ( ) END"
+  #          (  )  START END
+  expected = [[1, 0, 0, 0],
+              [0, 1, 0, 0],
+              [0, 0, 0, 1]]
+  np.testing.assert_allclose(lang.oracle(seq, max_length=2), expected,
+                             atol=1e-15)
+  assert lang.oracle_score([seq], max_length=2).cross_entropy == 0
+  # Without bounds it stays the automaton: END right after START is 1/2.
+  assert lang.oracle(seq)[0, lang.end] == 0.5
+
+
 @pytest.mark.parametrize("k,m,lo,hi", [(2, 2, 2, 6), (1, 3, 0, 8),
                                        (2, 1, 4, 6)])
 def test_oracle_equals_brute_force_conditionals(k, m, lo, hi):

@@ -159,6 +159,15 @@ def test_depth_filter_is_the_filtered_pool():
   assert stats.chisquare(obs, prob * len(examples)).pvalue > 1e-3
 
 
+def test_unreachable_depths_are_never_drawn():
+  # No tree with <= 4 leaves has a leaf at depth 2000: depth 1 only.
+  examples = kt.sample(50, 2, 4, seed=0, depths=[1, 2000])
+  assert len(examples) == 50
+  for e in examples:
+    check_example(e, 2, 4)
+    assert e.keyword_depth == 1 == kt.leaf_depths(e.tree)[e.keyword_index]
+
+
 # ---------------------------------------------------------------- errors
 
 @pytest.mark.parametrize("kwargs,match", [
@@ -169,7 +178,11 @@ def test_depth_filter_is_the_filtered_pool():
     (dict(num=5, min_length=2, max_length=4, depths=(0,)),
      r"no tree with 2..4 leaves has a leaf at depths \[0\]"),
     (dict(num=5, min_length=2, max_length=4, depths=(4, 5)),
-     "no tree with 2..4 leaves")])
+     "no tree with 2..4 leaves"),
+    (dict(num=3, min_length=2, max_length=4, depths=5),
+     "depths must be a sequence of ints, got 5"),
+    (dict(num=3, min_length=2, max_length=4, depths=(1, -1)),
+     r"depths\[\] must be an int >= 0, got -1")])
 def test_bad_sample_arguments(kwargs, match):
   with pytest.raises(ValueError, match=match):
     kt.sample(**kwargs)
@@ -182,5 +195,8 @@ def test_bad_experiment_arguments():
     kt.depth_experiment(0)
   with pytest.raises(ValueError, match="scale must be"):
     kt.length_experiment(1, scale=2)
+  with pytest.raises(ValueError, match=r"scale must be a number in \(0, 1\], "
+                                       "got '0.1'"):
+    kt.length_experiment(1, scale="0.1")
   with pytest.raises(ValueError, match="num_leaves must be"):
     kt.random_shape(0, np.random.default_rng(0))

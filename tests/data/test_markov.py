@@ -108,6 +108,19 @@ def test_markov_ptb_slice(shared_data):
   assert abs(np.mean(out == eos) - np.mean(src == eos)) < 0.01
 
 
+def test_sparse_ids_are_relabelled_not_tabled():
+  dense = np.array([2, 0, 1, 0, 2, 2, 1, 0])
+  ids = np.array([3, 5 * 10**9, 10**12])      # increasing, as 0, 1, 2
+  for wrap in (True, False):
+    out = markov_corpus(ids[dense], seed=3, length=300, wrap=wrap)
+    assert out.dtype == np.int64
+    np.testing.assert_array_equal(
+        out, ids[markov_corpus(dense, seed=3, length=300, wrap=wrap)])
+  with pytest.raises(ValueError, match=r"bigram_successors: token ids must "
+                     r"be < 2\*\*24 .* got 1000000000000 at position 0"):
+    bigram_successors(np.array([10**12, 1, 10**12]))
+
+
 def test_wrap_must_be_a_bool():
   with pytest.raises(TypeError, match="markov_corpus: wrap must be a bool"):
     markov_corpus(np.array([1, 2, 1, 2]), wrap="no")

@@ -155,6 +155,24 @@ def test_unique_sampling_exhausts_and_excludes():
     g.sample(9, 2, 4, seed=1, unique=True, exclude=exclude)
 
 
+def test_exclude_takes_samples_and_counts_only_possible_words():
+  g = DyckPCFG()
+  train = g.sample(5, 2, 4, seed=0, unique=True)
+  rest = g.sample(5, 2, 4, seed=1, unique=True, exclude=train)
+  words = {w for w in all_words(2, 4) if len(w) >= 2}
+  assert ({tuple(s.tolist()) for s in train}
+          | {tuple(s.tolist()) for s in rest}) == words
+  # Only "()" is possible; an unbalanced or too long tuple takes no room.
+  last = g.sample(1, 2, 2, unique=True, exclude=[(1, 3), (0, 0), [0, 1, 3, 2]])
+  assert [s.tolist() for s in last] == [[0, 2]]
+  with pytest.raises(ValueError, match=r"exclude\[1\] must be a 1-D "
+                                       "sequence of ids"):
+    g.sample(1, 2, 4, unique=True, exclude=[(0, 2), "()"])
+  with pytest.raises(ValueError, match="exclude is only honoured with "
+                                       "unique=True"):
+    g.sample(5, 2, 4, exclude=train)
+
+
 def test_without_unique_duplicates_occur():
   seqs = DyckPCFG().sample(200, 2, 4, seed=0)
   assert len({tuple(s.tolist()) for s in seqs}) < 200
@@ -247,6 +265,10 @@ def test_make_splits_lengths_and_cross_split_dedup():
 def test_decode_and_sample_check_their_arguments():
   g = DyckPCFG()
   assert g.decode([0, 2]) == "()"
+  big = DyckPCFG(p=(0.1,) * 5, q=0.2)      # k > 4: symbols "(3" and "3)"
+  assert big.decode([3, 8, 0, 5]) == "(3 3) (0 0)"
+  np.testing.assert_array_equal(big.encode(big.decode([3, 8, 0, 5])),
+                                [3, 8, 0, 5])
   with pytest.raises(ValueError, match=r"decode: id -1 at position 1 is "
                                        r"outside \[0, 4\)"):
     g.decode([0, -1])

@@ -9,7 +9,8 @@ import sys
 import numpy as np
 import pytest
 
-from sorjax.data import builders, build, dyck, keyword_trees, markov, pcfg
+from sorjax.data import (builders, build, corpora, dyck, keyword_trees,
+                         markov, pcfg)
 
 
 def tiny(builder_name, **fields):
@@ -187,3 +188,6 @@ def test_markov_ptb(tmp_path):
     # Every bigram of the output is a bigram of train (read as a cycle).
     pairs = set(zip(train, train[1:] + train[:1]))
     assert set(zip(drawn, drawn[1:])) <= pairs
+    # load_corpus ends the last line with <eos> even if the stream did not.
+    loaded, _ = corpora.load_corpus("markov_ptb", split, tmp_path / "data")
+    assert loaded.size == n + (drawn[-1] != "<eos>"), split

@@ -116,3 +116,19 @@ def test_letters_only_must_be_a_bool():
   with pytest.raises(TypeError, match="Tokenizer: letters_only must be a "
                                       "bool, got 'no'"):
     Tokenizer(letters_only="no")
+
+
+def test_lines_must_be_lines_and_each_line_a_str():
+  tok = Tokenizer("word")
+  assert list(tok.lines(["the cat", "sat"])) == [["the", "cat", "<eos>"],
+                                                 ["sat", "<eos>"]]
+  with pytest.raises(TypeError, match="Tokenizer.lines: lines must be an "
+                                      "iterable of lines, got the str "
+                                      "'the cat'"):
+    tok.lines("the cat")
+  with pytest.raises(TypeError, match=r"Tokenizer: line must be a str, got "
+                                      r"list \['a'\]"):
+    tok(["a"])
+  with pytest.raises(TypeError, match="Tokenizer: line must be a str, got "
+                                      "bytes"):
+    list(tok.lines([b"the cat"]))

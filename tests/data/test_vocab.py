@@ -97,6 +97,15 @@ def test_round_trip_through_a_run_directory(tmp_path):
   assert not os.path.exists(str(path) + ".tmp")
 
 
+def test_save_to_a_new_directory_named_with_a_trailing_slash(tmp_path):
+  v = Vocab.build(LINES)
+  path = v.save(f"{tmp_path}/new/run/")
+  assert str(path) == os.path.join(str(tmp_path), "new", "run", FILENAME)
+  assert os.path.isfile(path)
+  assert Vocab.load(f"{tmp_path}/new/run/") == v
+  assert Vocab.load(tmp_path / "new" / "run") == v
+
+
 @pytest.mark.parametrize("payload, match", [
     ("not json", "not valid JSON"),
     ('{"format": "other"}', "not a sorjax.vocab/1 file"),
@@ -105,6 +114,8 @@ def test_round_trip_through_a_run_directory(tmp_path):
      '"eos": null, "unk": null, "counts": null}', "'a' appears twice"),
     ('{"format": "sorjax.vocab/1", "symbols": ["a"], "pad": null, '
      '"eos": "<eos>", "unk": null, "counts": null}', "eos symbol '<eos>'"),
+    ('{"format": "sorjax.vocab/1", "symbols": ["a"], "pad": null, '
+     '"eos": null, "unk": null, "counts": 5}', "counts must be a sequence"),
 ])
 def test_load_errors_name_the_file(tmp_path, payload, match):
   path = tmp_path / "bad.json"
@@ -130,6 +141,11 @@ def test_constructor_checks():
     Vocab(["a", "<eos>"])
   with pytest.raises(ValueError, match="counts"):
     Vocab(["a", "<eos>", "<unk>"], counts=[1, 2])
+  with pytest.raises(ValueError, match="counts must be ints, got 1.7 at "
+                                       "position 0"):
+    Vocab(["a", "<eos>", "<unk>"], counts=[1.7, 2, 0])
+  assert Vocab(["a", "<eos>", "<unk>"], counts=np.array([3, 1, 0])).counts \
+      == (3, 1, 0)
   with pytest.raises(ValueError, match="non-empty strings"):
     Vocab(["a", "", "<eos>", "<unk>"])
 
