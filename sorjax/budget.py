@@ -258,7 +258,9 @@ def solve(build: Callable[..., Any], budget: float, *,
   if abs(err(*best)) > tol and ratio is not None:
     for H in Hs:  # tune M near ratio * H
       lo = max(1, math.ceil(ratio * H * (1 - ratio_tol)))
-      hi = max(lo, math.floor(ratio * H * (1 + ratio_tol)))
+      hi = math.floor(ratio * H * (1 + ratio_tol))
+      if hi < lo:  # no int M within ratio_tol of ratio * H
+        continue
       pairs += [(H, M) for M in _around(lambda M, H=H: n(H, M), budget,
                                         m_of(H), lo, hi)]
     best = min(pairs, key=lambda p: (abs(err(*p)),

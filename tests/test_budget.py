@@ -248,6 +248,17 @@ def test_solver_tunes_m_only_when_needed():
                  ratio_tol=0.0)
 
 
+def test_tuned_m_stays_within_ratio_tol():
+  """At H = 10 no int M is within 5% of 0.45 H = 4.5 (4 and 5 are 11% off):
+  that H is not tuned (M = 5 was taken), and no size meets the budget."""
+  def mrnn(H, M):
+    return cells.make("mrnn", hidden_size=H, intermediate_size=M)
+  with pytest.raises(ValueError, match=r"no size meets the budget of 124"):
+    budget.solve(mrnn, 124, input_size=1, ratio=0.45, ratio_tol=0.05)
+  cell = budget.solve(mrnn, 124, input_size=1, ratio=0.45, ratio_tol=0.12)
+  assert (cell.hidden_size, cell.intermediate_size) == (10, 5)
+
+
 def test_solver_on_a_bare_cell_counts_the_recurrent_part():
   cell = budget.solve(lambda H: cells.make("rnn", hidden_size=H), 100_000,
                       input_size=27)
