@@ -37,6 +37,7 @@ import math
 import numbers
 from typing import Any, Callable, NamedTuple
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -45,6 +46,7 @@ from sorjax import cells as cells_lib
 from sorjax.models.dyck import DyckModel
 from sorjax.models.lm import LanguageModel
 from sorjax.models.stack import RecurrentTrunk
+from sorjax.models.tree_classifier import TreeClassifier
 
 
 # ------------------------------------------------------------------ checks
@@ -104,6 +106,10 @@ class ModelCount(NamedTuple):
 def count_model_params(model: RecurrentTrunk) -> ModelCount:
   """Parameter counts of a `LanguageModel` or `DyckModel`, by part, from
   its static fields (equal to the leaves of `model.init(...)["params"]`)."""
+  if not isinstance(model, (LanguageModel, DyckModel)):
+    raise TypeError(
+        f"count_model_params: a LanguageModel or DyckModel, got "
+        f"{type(model).__name__} (count() takes a TreeClassifier or a cell)")
   V, E, H = model.vocab_size, model.input_size, model.output_size
   learned = V * E if model.embedding == "learned" else 0
   frozen = V * E if model.embedding == "frozen" else 0
@@ -114,18 +120,22 @@ def count_model_params(model: RecurrentTrunk) -> ModelCount:
       head = V + (H * E if H != E else 0)
     else:
       head = H * V + V
-  elif isinstance(model, DyckModel):
-    head = H * model.num_classes + model.num_classes
   else:
-    raise TypeError(
-        f"count_model_params: unknown model type {type(model).__name__}")
+    head = H * model.num_classes + model.num_classes
   return ModelCount(learned, layers, head, frozen)
 
 
 def count(obj: Any, input_size: int | None = None) -> int:
-  """Trainable parameters of a model, or of a cell given `input_size`."""
+  """Trainable parameters of a model (`LanguageModel`, `DyckModel`,
+  `TreeClassifier`), or of a cell given `input_size`."""
   if isinstance(obj, RecurrentTrunk):
     return count_model_params(obj).total
+  if isinstance(obj, TreeClassifier):  # embedding, cell, classifier
+    n, C = obj.cell.hidden_size, obj.num_classes
+    return obj.vocab_size * n + _count_cell(obj.cell, n) + n * C + C
+  if not hasattr(obj, "init") or isinstance(obj, nn.Module):
+    raise TypeError(f"count: a LanguageModel, DyckModel, TreeClassifier "
+                    f"or cell, got {type(obj).__name__}")
   if input_size is None:
     raise ValueError(
         f"count: a bare cell needs input_size (got cell {obj!r})")

@@ -540,11 +540,18 @@ _unroll = unroll  # unroll_layers' `unroll` argument shadows the name
 def init_layers(key: Array, cells: Sequence[Any], input_size: int,
                 dtype: Any = jnp.float32) -> tuple:
   """Parameters of a stack: layer l reads layer l-1's hidden_size."""
+  _check_cells("init_layers", cells)
   params, size = [], input_size
   for cell, k in zip(cells, jax.random.split(key, len(cells))):
     params.append(cell.init(k, size, dtype))
     size = cell.hidden_size
   return tuple(params)
+
+
+def _check_cells(where: str, cells) -> None:
+  if not isinstance(cells, Sequence) or isinstance(cells, str):
+    raise ValueError(f"{where}: cells must be a sequence of cells, one per "
+                     f"layer (e.g. (cell,)); got {type(cells).__name__}")
 
 
 def accepted_aux(cell, keys) -> set[str]:
@@ -568,6 +575,7 @@ def unroll_layers(cells: Sequence[Any], params: Sequence[Any], xs: Array,
   (e.g. dropout). Each aux value goes to the layers whose `precompute`
   accepts it; an aux no layer accepts is an error.
   """
+  _check_cells("unroll_layers", cells)
   if len(cells) != len(params):
     raise ValueError(
         f"unroll_layers: {len(cells)} cells but {len(params)} param sets")
@@ -579,11 +587,17 @@ def unroll_layers(cells: Sequence[Any], params: Sequence[Any], xs: Array,
   unused = set(aux)
   new_carries = []
   for l, (cell, p, c) in enumerate(zip(cells, params, carries)):
-    keys = accepted_aux(cell, aux)
+    # (a tree cell has no precompute: _unroll names it)
+    keys = accepted_aux(cell, aux) if hasattr(cell, "precompute") else set()
     unused -= keys
-    c, xs = _unroll(cell, p, xs, c, lengths, reverse=reverse, remat=remat,
-                   unroll=unroll, hoist=hoist, fused_grad=fused_grad,
-                   **{k: aux[k] for k in keys})
+    try:
+      c, xs = _unroll(cell, p, xs, c, lengths, reverse=reverse, remat=remat,
+                      unroll=unroll, hoist=hoist, fused_grad=fused_grad,
+                      **{k: aux[k] for k in keys})
+    except ValueError as e:  # which layer of a stack of like cells
+      if len(cells) == 1:
+        raise
+      raise ValueError(f"unroll_layers: layer {l}: {e}") from e
     new_carries.append(c)
     if between is not None and l + 1 < len(cells):
       xs = between(l, xs)

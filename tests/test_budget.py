@@ -1,6 +1,9 @@
 """Parameter counts against hand formulas and real `init`s; the solver
 against the papers' budgets (and Renganathan & Singh's Table 1 sizes)."""
 
+import math
+
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -246,6 +249,24 @@ def test_solver_tunes_m_only_when_needed():
   with pytest.raises(ValueError, match=r"no size meets.*H=29.*H=30"):
     budget.solve(g2(756, use_D=False, use_E=False), 500_000, ratio=20,
                  ratio_tol=0.0)
+
+
+@pytest.mark.parametrize("name", ["tree_rnn", "tree_lstm"])
+def test_count_of_a_tree_classifier_equals_its_init(name):
+  from sorjax import trees
+  from sorjax.models.tree_classifier import TreeClassifier
+  model = TreeClassifier(vocab_size=11, num_classes=3,
+                         cell=cells.make(name, hidden_size=6))
+  shapes = jax.eval_shape(model.init, jax.random.key(0),
+                          trees.encode([((1, 2), 3)]))
+  assert budget.count(model) == sum(
+      math.prod(a.shape) for a in jax.tree_util.tree_leaves(shapes))
+  with pytest.raises(TypeError, match="count_model_params: a LanguageModel "
+                     "or DyckModel, got TreeClassifier"):
+    budget.count_model_params(model)
+  with pytest.raises(TypeError, match="count: a LanguageModel, DyckModel, "
+                     "TreeClassifier or cell, got Dense"):
+    budget.count(nn.Dense(3), 4)
 
 
 def test_tuned_m_stays_within_ratio_tol():

@@ -109,6 +109,24 @@ def test_stack_routes_aux_and_rejects_unused_aux():
                          temperature=jnp.float32(1.0))
   with pytest.raises(ValueError, match="2 cells but 1 param sets"):
     sorjax.unroll_layers(stack, params[:1], jnp.zeros((2, 5, 3)))
+  # errors inside a layer name it; a lone cell or a tree cell is named
+  like = (cells.make("lstm", hidden_size=4),) * 2
+  ps = sorjax.init_layers(jax.random.key(0), like, 3)
+  bad = (None, like[1].initial_carry(ps[1], (2,))._replace(
+      h=jnp.zeros((2, 5))))
+  with pytest.raises(ValueError, match=r"unroll_layers: layer 1: unroll: "
+                     r"lstm: carry.h must have shape \(2, 4\)"):
+    sorjax.unroll_layers(like, ps, jnp.zeros((2, 5, 3)), bad)
+  for f in (lambda: sorjax.init_layers(jax.random.key(0), like[0], 3),
+            lambda: sorjax.unroll_layers(like[0], ps[0],
+                                         jnp.zeros((2, 5, 3)))):
+    with pytest.raises(ValueError, match=r"cells must be a sequence of "
+                       r"cells, one per layer \(e.g. \(cell,\)\); got LSTM"):
+      f()
+  tree = cells.make("tree_rnn", hidden_size=4)
+  with pytest.raises(ValueError, match="tree cells run with"):
+    sorjax.unroll_layers((tree,), (tree.init(jax.random.key(0), 4),),
+                         jnp.zeros((2, 5, 4)), temperature=1.0)
 
 
 def test_jit_with_cell_as_static_argument():

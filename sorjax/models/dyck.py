@@ -24,8 +24,10 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from sorjax.cells import base
+from sorjax.layer_scan import concrete
 from sorjax.models.stack import RecurrentTrunk
 
 HEADS = ("next_token", "admissible", "closing")
@@ -62,6 +64,12 @@ class DyckModel(RecurrentTrunk):
     logits are [B, T, num_classes] for the per-step heads and [B,
     num_classes] for "closing" (read at step lengths - 1, or T - 1).
     """
+    if self.head == "closing":  # read at lengths - 1: a length 0 read T - 1
+      v = concrete(lengths) if lengths is not None else None
+      if v is not None and v.size and v.min() < 1:
+        raise self._error(
+            f"head='closing' reads step lengths - 1: lengths must be >= 1, "
+            f"got {int(v.min())} at lengths[{int(np.argmin(v))}]")
     h, carries, _ = self._trunk(tokens, carries, lengths, deterministic, aux)
     if self.head == "closing":
       T = h.shape[1]

@@ -211,6 +211,13 @@ class RecurrentTrunk(nn.Module):
   def initial_carries(self, params, batch_size: int) -> tuple:
     """Each layer's initial carry for a batch: pass as `carries` to reset
     state (e.g. at a document boundary under TBPTT)."""
+    missing = [f"layer_{l}" for l in range(len(self.cells))
+               if f"layer_{l}" not in params]
+    if missing:
+      hint = (" (pass variables['params'], not the variables)"
+              if "params" in params else "")
+      raise self._error(f"initial_carries: params lack {', '.join(missing)}"
+                        f"{hint}")
     return tuple(c.initial_carry(params[f"layer_{l}"], (batch_size,))
                  for l, c in enumerate(self.cells))
 

@@ -446,6 +446,11 @@ def test_closing_head_reads_the_last_valid_step():
   # Without lengths: the last step.
   close(model.apply(variables, toks)[0],
         h[:, -1] @ p["head"]["kernel"] + p["head"]["bias"])
+  # A length of 0 read step T - 1, padding: the head's bias alone.
+  with pytest.raises(ValueError, match=r"DyckModel: head='closing' reads "
+                     r"step lengths - 1: lengths must be >= 1, got 0 at "
+                     r"lengths\[1\]"):
+    model.apply(variables, toks, lengths=jnp.array([6, 0, 3]))
 
 
 def test_per_step_heads():
@@ -492,6 +497,11 @@ def test_bad_inputs_are_named():
     model.apply(variables, toks, lengths=jnp.array([1, 2, 3]))
   with pytest.raises(ValueError, match="one carry per layer"):
     model.apply(variables, toks, (None, None))
+  with pytest.raises(ValueError, match=r"LanguageModel: initial_carries: "
+                     r"params lack layer_0 \(pass variables\['params'\], "
+                     r"not the variables\)"):
+    model.initial_carries(variables, 2)
+  assert len(model.initial_carries(variables["params"], 2)) == 1
   # An id outside [0, V) would embed as NaN (the table's gather fill) or,
   # negative, as another word's row.
   for bad, where in ((V, "tokens[1, 2]"), (-1, "tokens[1, 2]")):
