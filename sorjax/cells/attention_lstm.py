@@ -150,6 +150,7 @@ class AttentionLSTM(_SplitStep):
     return params
 
   def initial_carry(self, params, batch_shape=()):
+    batch_shape = base.batch_shape(batch_shape)
     return _initial_carry(self.hidden_size, params, batch_shape)
 
   def attention(self, params, xs, temperature=1.0) -> jax.Array:
@@ -166,8 +167,13 @@ class AttentionLSTM(_SplitStep):
       raise ValueError(
           f"attention_lstm: temperature must be a scalar or one per token "
           f"(shape {tuple(e.shape[:-1])}); got shape {tuple(tau.shape)}")
-    tau = tau.astype(e.dtype)
+    # At least the smallest normal number: XLA flushes a subnormal tau to
+    # 0, and tau -> 0 is the limit Lin et al. evaluate at (argmax).
+    tau = jnp.maximum(tau.astype(e.dtype), jnp.finfo(e.dtype).tiny)
     tau = base.lift(tau, e.ndim) if tau.ndim == 0 else tau[..., None]
+    # Shifted before dividing: at a tiny tau, e / tau overflows to inf and
+    # softmax's own shift gives inf - inf = NaN. The same softmax.
+    e = e - jax.lax.stop_gradient(jnp.max(e, axis=-1, keepdims=True))
     return jax.nn.softmax(e / tau, axis=-1)                        # eq. (b)
 
   def precompute(self, params, xs, temperature=1.0):
@@ -224,6 +230,7 @@ class AssignmentLSTM(_SplitStep):
                       dtype)
 
   def initial_carry(self, params, batch_shape=()):
+    batch_shape = base.batch_shape(batch_shape)
     return _initial_carry(self.hidden_size, params, batch_shape)
 
   def one_hot(self, assignment, batch_shape, dtype) -> jax.Array:

@@ -264,12 +264,42 @@ def split_step(cell: Cell, params: PyTree, carry: PyTree, xp: PyTree
   """`step` of a cell with a split step (`sorjax.unroll`'s module doc):
   post(q, carry, xp, r_{t-1} W) with (W, q) = split(params) and r_{t-1} =
   recurrent_input(carry), its new carry checked by `check_step`."""
-  W, q = cell.split(params)
-  return check_step(cell, carry, xp, lambda: cell.post(
-      q, carry, xp, cell.recurrent_input(carry) @ W))
+  def step():
+    W, q = cell.split(params)
+    return cell.post(q, carry, xp, cell.recurrent_input(carry) @ W)
+  return check_step(cell, carry, xp, step, params)
 
 
-def check_step(cell: Cell, carry: PyTree, xp: PyTree, step: Callable):
+def batch_shape(shape) -> tuple[int, ...]:
+  """`initial_carry`'s batch_shape as a tuple of ints (an int B: (B,))."""
+  if isinstance(shape, (int, np.integer)) and not isinstance(
+      shape, (bool, np.bool_)):
+    shape = (shape,)
+  try:
+    out = tuple(shape)
+  except TypeError:
+    out = None
+  if out is None or any(isinstance(d, (bool, np.bool_)) or not isinstance(
+      d, (int, np.integer)) or d < 0 for d in out):
+    raise ValueError(f"initial_carry: batch_shape must be a tuple of ints "
+                     f">= 0 (e.g. (B,)), got {shape!r}")
+  return tuple(int(d) for d in out)
+
+
+def _fits_some_input_size(cell: Cell, params: PyTree) -> bool:
+  """Whether params have the shapes `cell.init` makes for some input size
+  (True when that cannot be told)."""
+  got = _shapes(params)
+  try:
+    if _init_shapes(cell, 1) == got:
+      return True
+  except (TypeError, ValueError):
+    return True
+  return _input_size_of(cell, got, 1) is not None
+
+
+def check_step(cell: Cell, carry: PyTree, xp: PyTree, step: Callable,
+               params: PyTree = None):
   """step() = (new carry, y) of one step of cell, once trace-time checks
   find that it combined xp with the carry into a carry of the same shapes.
   An xp of another shape than one step's ([B, T, ..] of a whole sequence,
@@ -287,6 +317,12 @@ def check_step(cell: Cell, carry: PyTree, xp: PyTree, step: Callable):
     out = step()
   except (TypeError, ValueError) as e:
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
+    if params is not None and not _fits_some_input_size(cell, params):
+      raise ValueError(
+          f"{name_of(cell)}.step: params ({show(_shapes(params))}) do not "
+          f"have the shapes {type(cell).__name__}.init makes for "
+          f"hidden_size {cell.hidden_size} at any input size ({first})"
+      ) from e
     raise ValueError(f"{must}: the carry ({show(want)}) and xp "
                      f"({show(_shapes(xp))}) do not combine ({first})") from e
   got = _shapes(out[0])

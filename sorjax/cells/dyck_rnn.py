@@ -113,6 +113,7 @@ class DyckRNN:
 
   def initial_carry(self, params, batch_shape=()):
     """The empty stack, h_0 = 0."""
+    batch_shape = base.batch_shape(batch_shape)
     return base.HCarry(jnp.zeros((*batch_shape, self.hidden_size),
                                  base.param_dtype(params)))
 

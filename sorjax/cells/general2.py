@@ -68,6 +68,7 @@ class General2:
     return params
 
   def initial_carry(self, params, batch_shape=()):
+    batch_shape = base.batch_shape(batch_shape)
     return base.HCarry(jnp.zeros((*batch_shape, self.hidden_size),
                                  base.param_dtype(params)))
 

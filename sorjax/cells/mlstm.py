@@ -74,6 +74,7 @@ class MLSTM:
             "b": base.zeros((4 * H,), dtype)}
 
   def initial_carry(self, params, batch_shape=()):
+    batch_shape = base.batch_shape(batch_shape)
     z = jnp.zeros((*batch_shape, self.hidden_size), base.param_dtype(params))
     return base.LSTMCarry(z, z)
 

@@ -109,6 +109,7 @@ class MMLSTM:
     return params
 
   def initial_carry(self, params, batch_shape=()):
+    batch_shape = base.batch_shape(batch_shape)
     dtype = base.param_dtype(params)
     z = jnp.zeros((*batch_shape, self.hidden_size), dtype)
     keys = [jnp.full((*batch_shape, K), 1.0 / K, dtype)

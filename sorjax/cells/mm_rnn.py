@@ -83,6 +83,7 @@ class MMRNN:
             "b": base.zeros((H,), dtype)}
 
   def initial_carry(self, params, batch_shape=()):
+    batch_shape = base.batch_shape(batch_shape)
     dtype = base.param_dtype(params)
     K = self.num_matrices
     return MMRNNCarry(h=jnp.zeros((*batch_shape, self.hidden_size), dtype),

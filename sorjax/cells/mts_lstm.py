@@ -194,6 +194,7 @@ class MTSLSTM:
     return params
 
   def initial_carry(self, params, batch_shape=()):
+    batch_shape = base.batch_shape(batch_shape)
     z = jnp.zeros((*batch_shape, self.hidden_size), base.param_dtype(params))
     return base.LSTMCarry(z, z)
 

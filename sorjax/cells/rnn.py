@@ -35,6 +35,7 @@ class RNN:
             "b": base.zeros((H,), dtype)}
 
   def initial_carry(self, params, batch_shape=()):
+    batch_shape = base.batch_shape(batch_shape)
     return base.HCarry(jnp.zeros((*batch_shape, self.hidden_size),
                                  base.param_dtype(params)))
 

@@ -55,6 +55,7 @@ class TensorRNN:
             "b": base.uniform(kb, (H,), H, dtype)}
 
   def initial_carry(self, params, batch_shape=()):
+    batch_shape = base.batch_shape(batch_shape)
     return base.HCarry(jnp.zeros((*batch_shape, self.hidden_size),
                                  base.param_dtype(params)))
 

@@ -140,6 +140,25 @@ def test_attention_weights_and_temperature_limits():
   np.testing.assert_allclose(hot, np.full((B, T, S), 1.0 / S), atol=1e-4)
 
 
+def test_arbitrarily_low_temperatures_stay_finite():
+  """Lin et al. test at an "arbitrarily low" tau. Under jit, e / tau
+  overflowed to inf from tau ~ 1e-9 and softmax gave NaN; a subnormal tau
+  (1e-40, which passes the > 0 check) is flushed to 0, and a traced
+  schedule can reach 0: each is the argmax limit, with finite gradients."""
+  cell, params, xs = make("attention_lstm")
+  e = np.asarray(xs, np.float64) @ np.asarray(params["V"], np.float64)
+  onehot = np.eye(S)[e.argmax(-1)]
+  att = jax.jit(cell.attention)
+  for tau in (1e-9, 1e-12, 1e-30, 1e-40, 0.0):
+    np.testing.assert_array_equal(att(params, xs, jnp.float32(tau)), onehot)
+  np.testing.assert_array_equal(cell.attention(params, xs, 1e-40), onehot)
+  f = jax.jit(lambda p, t: jnp.sum(
+      sorjax.unroll(cell, p, xs, temperature=t)[1] ** 2))
+  g = jax.grad(f)(params, jnp.float32(1e-12))
+  assert all(np.isfinite(np.asarray(a)).all()
+             for a in jax.tree_util.tree_leaves(g))
+
+
 def test_cold_attention_equals_assignment_to_argmax():
   """At tau -> 0 the attention model is the assignment model with the
   assignment argmax(x V) (sec. 3.2.2: "effectively one-hot")."""

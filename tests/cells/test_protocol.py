@@ -115,6 +115,34 @@ def test_step_refuses_the_input_terms_of_a_whole_sequence(name):
 
 
 @pytest.mark.parametrize("name", SEQ)
+def test_step_names_params_of_another_hidden_size(name):
+  """One step's xp with params made for hidden_size + 2 (the step failed
+  blaming xp); an int batch shape is (B,)."""
+  cell, params, xs, aux = setup(name)
+  kwargs, D, _ = SMALL[name]
+  more = {"hidden_size": cell.hidden_size + 2}
+  if name == "mts_lstm":  # one timescale per unit
+    more["timescales"] = kwargs["timescales"] + (32.0, 64.0)
+  big = cells.make(name, **{**kwargs, **more})
+  wrong = big.init(jax.random.key(1), D)
+  carry = cell.initial_carry(params, B)
+  assert jax.tree_util.tree_map(jnp.shape, carry) == jax.tree_util.tree_map(
+      jnp.shape, cell.initial_carry(params, (B,)))
+  with pytest.raises(ValueError, match="batch_shape must be a tuple of ints"):
+    cell.initial_carry(params, (B, "2"))
+  xp = big.precompute(wrong, xs[:, 0], **aux_at(aux, t=0))
+  if name == "dyck_rnn":  # its step reads no params: xp is what is wrong
+    match = r"dyck_rnn.step: xp must be one step's input terms"
+  else:
+    match = (rf"{name}.step: params \(.*\) do not have the shapes "
+             rf"{type(cell).__name__}.init makes for hidden_size "
+             rf"{cell.hidden_size} at any input size")
+  with jax.numpy_rank_promotion("allow"), pytest.raises(ValueError,
+                                                        match=match):
+    cell.step(wrong, carry, xp)
+
+
+@pytest.mark.parametrize("name", SEQ)
 @pytest.mark.parametrize("hoist,remat,unroll_n", [(False, False, 1),
                                                   (True, True, 3)])
 def test_hoist_remat_unroll_do_not_change_results(name, hoist, remat,
