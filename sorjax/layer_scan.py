@@ -184,6 +184,23 @@ def concrete(x) -> np.ndarray | None:
     return None
 
 
+def first_outside(ids, n: int, allow: int | None = None
+                  ) -> tuple[int, tuple[int, ...]] | None:
+  """(value, index) of the first concrete id outside [0, n) (other than
+  `allow`), or None: all in range, or traced (inside jit, unchecked). Out
+  of range, a gather reads another row (negative) or NaN (clamped fill)."""
+  v = concrete(ids)
+  if v is None or not v.size:
+    return None
+  bad = (v < 0) | (v >= n)
+  if allow is not None:
+    bad &= v != allow
+  if not bad.any():
+    return None
+  at = tuple(int(i) for i in np.argwhere(bad)[0])
+  return int(v[at]), at
+
+
 def check_lengths(where: str, lengths, B: int, T: int | None = None):
   """`lengths` as an int32 [B] array (None for None); a ValueError naming
   it otherwise: a shape other than [B], a dtype other than an integer one

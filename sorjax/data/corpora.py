@@ -90,9 +90,7 @@ def corpus(name: str) -> Corpus:
     raise ValueError(f"corpus {name!r}{kind}; language-modelling corpora: "
                      f"{', '.join(LM_CORPORA)}")
   spec = LM_CORPORA[base]
-  _, _, config = name.partition("/")
-  builders.split_name((spec.builder or base) + (f"/{config}" if config
-                                                 else ""))  # config syntax
+  builders.split_name(_source(name, spec))  # config syntax
   return spec
 
 

@@ -48,7 +48,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sorjax.cells import base
-from sorjax.layer_scan import concrete
+from sorjax.layer_scan import first_outside
 from sorjax.models.constant import constant
 from sorjax.unroll import unroll_layers
 
@@ -274,12 +274,12 @@ class RecurrentTrunk(nn.Module):
     # Out-of-range ids would embed as NaN (learned: a clamped gather's
     # fill), another row (a negative id wraps) or zeros (one_hot). Concrete
     # tokens are checked; traced ones (inside jit) cannot be.
-    v = concrete(tokens)
-    if v is not None and v.size and (v.min() < 0 or v.max() >= self.vocab_size):
-      bad = np.argwhere((v < 0) | (v >= self.vocab_size))[0]
+    bad = first_outside(tokens, self.vocab_size)
+    if bad is not None:
+      (value, (b, t)) = bad
       raise self._error(
           f"token ids must be in [0, vocab_size={self.vocab_size}), got "
-          f"{int(v[tuple(bad)])} at tokens[{bad[0]}, {bad[1]}]")
+          f"{value} at tokens[{b}, {t}]")
     if lengths is not None and jnp.shape(lengths) != tokens.shape[:1]:
       raise self._error(
           f"lengths must have shape [B] = [{tokens.shape[0]}], got "

@@ -24,12 +24,11 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 from sorjax import trees
 from sorjax.cells import base
 from sorjax.cells.tree import TreeLSTM
-from sorjax.layer_scan import concrete
+from sorjax.layer_scan import first_outside
 
 EMBED_INITS = ("le_zuidema", "normal")
 
@@ -96,18 +95,11 @@ class TreeClassifier(nn.Module):
 
 def _check_ids(what: str, ids, n: int, name: str, allow: int | None = None
                ) -> None:
-  """Concrete ids in [0, n) (or equal to `allow`); traced ones (inside jit)
-  cannot be checked. Out of range, a gather reads another row or NaN."""
-  v = concrete(ids)
-  if v is None or not v.size:
-    return
-  bad = (v < 0) | (v >= n)
-  if allow is not None:
-    bad &= v != allow
-  if bad.any():
-    at = tuple(int(i) for i in np.argwhere(bad)[0])
-    raise ValueError(f"{what} must be in [0, {name}={n}), got {int(v[at])} "
-                     f"at {list(at)}")
+  """Concrete ids in [0, n) (or equal to `allow`); see `first_outside`."""
+  bad = first_outside(ids, n, allow)
+  if bad is not None:
+    raise ValueError(f"{what} must be in [0, {name}={n}), got {bad[0]} at "
+                     f"{list(bad[1])}")
 
 
 def loss_and_accuracy(logits: jax.Array, schedule: trees.Schedule):
