@@ -30,6 +30,7 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
+from sorjax.checks import check_int
 from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
 
@@ -763,8 +764,7 @@ def reproduce(item: str, workdir: str, scale: str = "cpu",
   name = resolve(item)
   if scale not in ("cpu", "micro"):
     raise ReproduceError(f"--scale must be cpu or micro, got {scale!r}")
-  if not isinstance(replicas, int) or replicas < 1:
-    raise ReproduceError(f"--replicas must be an int >= 1, got {replicas!r}")
+  check_int("--replicas", replicas, 1, error=ReproduceError)
   num, fn = ITEMS[name]
   ctx = Context(os.path.join(workdir, name), scale, replicas)
   os.makedirs(ctx.root, exist_ok=True)

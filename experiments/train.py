@@ -15,7 +15,8 @@ from absl import logging
 from sorjax import host_memory, small_loops, xla_flags
 from sorjax.training.loop import Trainer
 from sorjax.training.tasks import make_task
-from sorjax.training.tasks.common import ConfigError
+from sorjax.checks import check_int, check_number
+from sorjax.training.tasks.common import ConfigError, check_ints
 
 
 class _QuietLibraries(std_logging.Filter):
@@ -39,8 +40,7 @@ def force_cpu_devices(n: int) -> None:
     ValueError: n < 1, or XLA_FLAGS already sets the flag.
     RuntimeError: JAX's backend has started (XLA has read its flags).
   """
-  if not isinstance(n, int) or n < 1:
-    raise ValueError(f"--cpu_devices must be an int >= 1, got {n!r}")
+  check_int("--cpu_devices", n, 1)
   xla_flags.prepend("--cpu_devices", f"{CPU_DEVICES_FLAG}={n}",
                     (CPU_DEVICES_FLAG,))
 
@@ -184,19 +184,12 @@ def bad_path(argv) -> str | None:
 def validate(config) -> None:
   """Checks the loop's fields; the task checks its own when built."""
   _check_sections(config)
-  if not isinstance(config.num_replicas, int) or config.num_replicas < 1:
-    raise ConfigError(
-        f"num_replicas must be an int >= 1, got {config.num_replicas!r}")
-  k = config.get("replica_batch_size")
-  if k is not None and (isinstance(k, bool) or not isinstance(k, int)
-                        or k < 1):
-    raise ConfigError(
-        f"replica_batch_size must be None or an int >= 1, got {k!r}")
-  t = config.train
-  for name in ("num_epochs", "log_every", "checkpoint_every",
-               "keep_checkpoints"):
-    if not isinstance(t[name], int) or t[name] < 1:
-      raise ConfigError(f"train.{name} must be an int >= 1, got {t[name]!r}")
+  check_int("num_replicas", config.num_replicas, 1, error=ConfigError)
+  check_int("replica_batch_size", config.get("replica_batch_size"), 1,
+            optional=True, error=ConfigError)
+  check_ints(config.train, dict.fromkeys(
+      ("num_epochs", "log_every", "checkpoint_every", "keep_checkpoints"), 1),
+             section="train")
   try:
     from sorjax.training.optim import make_optimizer
     from sorjax.training.schedules import TemperatureSchedule
@@ -229,7 +222,7 @@ def _check_sections(config) -> None:
 def _check_stopping(config) -> None:
   """plateau.*, early_stopping.*, nt_asgd.nonmono, train.max_steps (each a
   ValueError naming the field)."""
-  from sorjax.training.optim import EarlyStopping, Plateau, check_number
+  from sorjax.training.optim import EarlyStopping, Plateau
   if not isinstance(config.plateau.enabled, bool):
     raise ValueError(f"plateau.enabled must be a bool, got "
                      f"{config.plateau.enabled!r}")
@@ -243,7 +236,7 @@ def _check_stopping(config) -> None:
   if es.patience:
     EarlyStopping(es.patience)
   check_number("early_stopping.stop_below", es.get("stop_below"),
-               "(finite)", lambda v: True, optional=True)
+               optional=True)
   check_number("nt_asgd.nonmono", config.nt_asgd.nonmono, ">= 1",
                lambda v: v >= 1, integer=True)
   check_number("train.max_steps", config.train.get("max_steps"), ">= 1",

@@ -34,7 +34,6 @@ from __future__ import annotations
 
 import functools
 import math
-import numbers
 from typing import Any, Callable, NamedTuple
 
 import flax.linen as nn
@@ -43,6 +42,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from sorjax import cells as cells_lib
+from sorjax import checks
 from sorjax.models.dyck import DyckModel
 from sorjax.models.lm import LanguageModel
 from sorjax.models.stack import RecurrentTrunk
@@ -51,16 +51,8 @@ from sorjax.models.tree_classifier import TreeClassifier
 
 # ------------------------------------------------------------------ checks
 
-def _check(name: str, v, rule: str, ok, integer: bool = False):
-  """v if a finite number (an int with `integer`; never a bool) for which
-  ok(v) holds; else a TypeError (type) or ValueError (value) naming it."""
-  what = f"{'an int' if integer else 'a number'} {rule}"
-  if isinstance(v, (bool, np.bool_)) or not isinstance(
-      v, numbers.Integral if integer else numbers.Real):
-    raise TypeError(f"{name} must be {what}, got {v!r}")
-  if not math.isfinite(v) or not ok(v):
-    raise ValueError(f"{name} must be {what}, got {v!r}")
-  return v
+# A value of the wrong type is a TypeError here, a bad value a ValueError.
+_check = functools.partial(checks.check_number, type_error=TypeError)
 
 
 def _input_size(owner: str, v) -> int:
@@ -149,10 +141,7 @@ def stack(name: str, hidden_size: int, num_layers: int = 1,
           ) -> tuple:
   """num_layers identical cells `name` of hidden_size (and
   intermediate_size, for general2 / mrnn / mlstm), for a model's `cells`."""
-  if isinstance(num_layers, bool) or not isinstance(num_layers, int) or (
-      num_layers < 1):
-    raise ValueError(f"stack: num_layers must be a positive int, got "
-                     f"{num_layers!r}")
+  checks.check_int("stack: num_layers", num_layers, 1)
   if intermediate_size is not None:
     hyperparameters["intermediate_size"] = intermediate_size
   return (cells_lib.make(name, hidden_size=hidden_size, **hyperparameters),

@@ -35,14 +35,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sorjax import checks
 
 
 def check_unroll(where: str, unroll) -> None:
   """Raises unless `unroll` is None or a positive int (names `where`)."""
-  if unroll is not None and (isinstance(unroll, bool) or not isinstance(
-      unroll, (int, np.integer)) or unroll < 1):
-    raise ValueError(f"{where}: unroll must be None or a positive int, got "
-                     f"{unroll!r}")
+  checks.check_int(f"{where}: unroll", unroll, 1, optional=True)
 
 
 def unroll_steps(where: str, unroll, default: int = 1) -> int:

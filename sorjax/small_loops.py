@@ -50,6 +50,7 @@ import os
 import jax
 import jax.numpy as jnp
 
+from sorjax import checks
 from sorjax.xla_flags import prepend as _prepend_flags
 
 # A loop iteration of the LSTM at B=10 H=12 accesses < 128 KB (cost
@@ -64,8 +65,7 @@ _MARK = "xla_cpu_small_call"
 
 def xla_flags(max_bytes: int = MAX_BYTES) -> str:
   """The XLA_FLAGS words that `compile_whole(max_bytes)` adds."""
-  if not isinstance(max_bytes, int) or max_bytes < 1:
-    raise ValueError(f"max_bytes must be an int >= 1, got {max_bytes!r}")
+  checks.check_int("small_loops.xla_flags: max_bytes", max_bytes, 1)
   return f"{_EXTRA}={THRESHOLD_KEY}={max_bytes} {_YNN}="
 
 

@@ -33,7 +33,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sorjax import cells
+from sorjax import cells, checks
 from sorjax.cells import base
 
 Word = Union[str, int]
@@ -439,10 +439,7 @@ def _padded(name: str, need: np.ndarray, given: int | None) -> int:
 
 
 def _check_size(name: str, value) -> None:
-  if value is not None and (isinstance(value, bool) or not isinstance(
-      value, (int, np.integer)) or value < 1):
-    raise ValueError(f"encode: {name} must be a positive int or None, got "
-                     f"{value!r}")
+  checks.check_int(f"encode: {name}", value, 1, optional=True)
 
 
 def hu_steps(parent: np.ndarray, depth: np.ndarray, width: int
@@ -456,9 +453,7 @@ def hu_steps(parent: np.ndarray, depth: np.ndarray, width: int
   to its root), then the lowest index. For forests this is optimal: no
   schedule of this width takes fewer steps. Returns each task's step.
   """
-  if isinstance(width, bool) or not isinstance(width, (int, np.integer)) \
-      or width < 1:
-    raise ValueError(f"hu_steps: width must be a positive int, got {width!r}")
+  checks.check_int("hu_steps: width", width, 1)
   parent, depth = np.asarray(parent), np.asarray(depth)
   M = len(parent)
   if depth.shape != (M,):

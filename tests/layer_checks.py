@@ -155,6 +155,6 @@ def assert_rejects_lengths_steps_unroll(run, run_without_steps, B):
     run(lengths=jnp.arange(1, B))
   with pytest.raises(ValueError, match="no time steps"):
     run_without_steps()
-  with pytest.raises(ValueError, match="unroll must be None or a positive "
-                     "int"):
+  with pytest.raises(ValueError, match="unroll must be None or an int "
+                     ">= 1"):
     run(unroll=0)

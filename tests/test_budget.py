@@ -302,7 +302,7 @@ def test_solver_errors_name_the_sizes():
   with pytest.raises(ValueError, match="under the budget"):
     budget.solve(lambda H: cells.make("rnn", hidden_size=H), 1e12,
                  input_size=3, max_size=100)
-  with pytest.raises(ValueError, match="budget must be a number > 0"):
+  with pytest.raises(ValueError, match="budget must be a finite number > 0"):
     budget.solve(lm("lstm", 1, 10, 4), 0)
   with pytest.raises(ValueError, match="num_layers"):
     budget.stack("lstm", 4, 0)
@@ -319,15 +319,15 @@ def test_count_checks_input_size_before_the_cache():
 
 
 @pytest.mark.parametrize("kwargs,error,msg", [
-    (dict(budget=float("inf")), ValueError, "solve: budget must be a number"),
-    (dict(budget="1000"), TypeError, "solve: budget must be a number > 0"),
-    (dict(budget=True), TypeError, "solve: budget must be a number > 0"),
+    (dict(budget=float("inf")), ValueError, "solve: budget must be a finite number"),
+    (dict(budget="1000"), TypeError, "solve: budget must be a finite number > 0"),
+    (dict(budget=True), TypeError, "solve: budget must be a finite number > 0"),
     (dict(max_size=0), ValueError, "solve: max_size must be an int >= 1"),
     (dict(max_size=1.5), TypeError, "solve: max_size must be an int >= 1"),
-    (dict(ratio_tol=-0.1), ValueError, r"solve: ratio_tol must be a number "
+    (dict(ratio_tol=-0.1), ValueError, r"solve: ratio_tol must be a finite number "
                                        r"in \[0, 1\)"),
-    (dict(tol="0.01"), TypeError, r"solve: tol must be a number in \(0, 1\)"),
-    (dict(ratio=float("nan")), ValueError, "solve: ratio must be a number"),
+    (dict(tol="0.01"), TypeError, r"solve: tol must be a finite number in \(0, 1\)"),
+    (dict(ratio=float("nan")), ValueError, "solve: ratio must be a finite number"),
     (dict(input_size=2.5), TypeError, "solve: input_size must be an int"),
 ])
 def test_solve_names_a_bad_argument(kwargs, error, msg):

@@ -384,13 +384,13 @@ def test_unroll_none_is_two_for_small_batch_major_layers(
 def test_unroll_must_be_none_or_a_positive_int(bad):
   import sorjax
   z = jnp.zeros((B, 4))
-  with pytest.raises(ValueError, match="unroll must be None or a positive "
-                     "int, got"):
+  with pytest.raises(ValueError, match="unroll must be None or an int >= 1, "
+                     "got"):
     lstm_scan(jnp.zeros((4, 16)), jnp.ones((T, B, 16)), LSTMCarry(z, z),
               unroll=bad)
   cell = cells.make("gru", hidden_size=4)
-  with pytest.raises(ValueError, match="unroll: unroll must be None or a "
-                     "positive int"):
+  with pytest.raises(ValueError, match="unroll: unroll must be None or an "
+                     "int >= 1"):
     sorjax.unroll(cell, cell.init(jax.random.key(0), 3), jnp.ones((B, T, 3)),
                   unroll=bad)
 

@@ -185,11 +185,11 @@ def test_batch_major_mask_marks_a_prefix_of_each_example():
 def test_check_unroll_names_the_caller(bad):
   check_unroll("f", None)
   check_unroll("f", np.int64(3))
-  with pytest.raises(ValueError, match=r"f: unroll must be None or a positive "
-                     r"int, got"):
+  with pytest.raises(ValueError, match=r"f: unroll must be None or an int >= 1, "
+                     r"got"):
     check_unroll("f", bad)
-  with pytest.raises(ValueError, match=r"g: unroll must be None or a positive "
-                     r"int, got"):
+  with pytest.raises(ValueError, match=r"g: unroll must be None or an int >= 1, "
+                     r"got"):
     unroll_steps("g", bad)
   assert unroll_steps("g", None) == 1 and unroll_steps("g", None, 2) == 2
   assert unroll_steps("g", np.int32(3), 2) == 3

@@ -351,7 +351,7 @@ def test_hu_steps_are_valid_and_optimal(seed):
 
 
 def test_hu_steps_rejects_bad_inputs():
-  with pytest.raises(ValueError, match="width must be a positive int, got 0"):
+  with pytest.raises(ValueError, match="width must be an int >= 1, got 0"):
     trees.hu_steps(np.array([-1]), np.array([0]), 0)
   with pytest.raises(ValueError, match=r"depth must be \[2\] like parent"):
     trees.hu_steps(np.array([1, -1]), np.array([0]), 1)
@@ -431,7 +431,7 @@ def test_encode_pads_to_fixed_sizes_and_reports_overflow():
   with pytest.raises(ValueError, match="schedule must be one of"):
     trees.encode(batch, schedule="levels")
   for name in ("width", "max_leaves", "max_steps"):
-    with pytest.raises(ValueError, match=f"{name} must be a positive int"):
+    with pytest.raises(ValueError, match=f"{name} must be None or an int >= 1"):
       trees.encode(batch, **{name: 0})
 
 

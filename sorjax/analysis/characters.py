@@ -21,6 +21,7 @@ import math
 
 import numpy as np
 
+from sorjax import checks
 from sorjax.analysis.common import (check_split, fail, figure, require_task,
                                     save, temperature)
 from sorjax.analysis.perplexity import token_nll
@@ -58,9 +59,7 @@ def position_losses(run, split: str | None = None, max_position: int = 20,
   name = "word_position"
   require_chars(name, run)
   split = check_split(name, run, split)
-  if not isinstance(max_position, int) or max_position < 1:
-    raise ValueError(f"{name}: max_position must be an int >= 1, got "
-                     f"{max_position!r}")
+  checks.check_int(f"{name}: max_position", max_position, 1)
   vocab = run.task.vocab
   pos = word_positions(vocab.decode(run.task.split_ids[split]), vocab.eos)
   _, nll, index = token_nll(run, split, tau)

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import numpy as np
 
+from sorjax import checks
 from sorjax.analysis import dyck_metrics
 from sorjax.analysis.common import (check_split, figure, require_task, save,
                                     temperature)
@@ -90,9 +91,7 @@ def pcfg_timescales(run, split: str | None = None, bin_width: int = 25,
   name = "pcfg_timescales"
   require_task(name, run, ("dyck_pcfg",))
   split = check_split(name, run, split)
-  if not isinstance(bin_width, int) or bin_width < 1:
-    raise ValueError(f"{name}: bin_width must be an int >= 1, got "
-                     f"{bin_width!r}")
+  checks.check_int(f"{name}: bin_width", bin_width, 1)
   task = run.task
   idx, ok = sequence_correct(task, run.params, split, temperature(run, tau))
   seqs = task.splits[split]

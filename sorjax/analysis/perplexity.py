@@ -31,6 +31,7 @@ from typing import NamedTuple
 import numpy as np
 import scipy.stats
 
+from sorjax import checks
 from sorjax.analysis.common import (check_split, fail, figure, require_task,
                                     save, temperature)
 
@@ -167,9 +168,8 @@ def bootstrap_difference(nll_a: np.ndarray, nll_b: np.ndarray,
     raise ValueError(f"bootstrap_difference: the runs' token losses must be "
                      f"aligned 1-D arrays, got {nll_a.shape} and "
                      f"{nll_b.shape}")
-  if chunk < 1 or num_resamples < 1:
-    raise ValueError(f"bootstrap_difference: chunk={chunk} and "
-                     f"num_resamples={num_resamples} must be >= 1")
+  checks.check_int("bootstrap_difference: chunk", chunk, 1)
+  checks.check_int("bootstrap_difference: num_resamples", num_resamples, 1)
   sa, n = chunk_sums(nll_a, bins, chunk)
   sb, _ = chunk_sums(nll_b, bins, chunk)
   rng = np.random.default_rng(seed)

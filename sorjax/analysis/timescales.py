@@ -34,6 +34,7 @@ from __future__ import annotations
 import numpy as np
 import scipy.stats
 
+from sorjax import checks
 from sorjax.analysis import traces
 from sorjax.analysis.common import (FORGET_GATE_CELLS, cell_name,
                                     check_split, fail, figure, layer_cells,
@@ -234,8 +235,7 @@ def forget_heatmap(run, split: str | None = None, index: int = 0,
   name = "forget_heatmap"
   layers = _layers(name, run)
   split = check_split(name, run, split)
-  if not isinstance(index, int) or index < 0:
-    raise ValueError(f"{name}: index must be an int >= 0, got {index!r}")
+  checks.check_int(f"{name}: index", index, 0)
   tokens, lengths = traces.sample(run.task, split, index + 1)
   if index >= len(lengths) or lengths[index] == 0:
     raise ValueError(f"{name}: index {index} out of range: split {split!r} "
@@ -296,9 +296,7 @@ def word_ablation(run, split: str | None = None, position: int = 0,
   name = "word_ablation"
   layers = _layers(name, run)
   split = check_split(name, run, split)
-  if not isinstance(position, int) or position < 0:
-    raise ValueError(f"{name}: position must be an int >= 0, got "
-                     f"{position!r}")
+  checks.check_int(f"{name}: position", position, 0)
   tau = temperature(run, tau)
   task = run.task
   if task.name == "lm" and max_tokens is None and max_sequences:

@@ -15,6 +15,7 @@ import jax.numpy as jnp
 import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
+from sorjax import checks
 from sorjax.layer_scan import transposed_rows
 
 Array = jax.Array
@@ -48,22 +49,16 @@ class Cell(Protocol):
 # ---------------------------------------------------------------- checks
 
 def check_positive_int(cell: str, name: str, value: Any) -> None:
-  if isinstance(value, bool) or not isinstance(value, int) or value < 1:
-    raise ValueError(f"{cell}: {name} must be a positive int, got {value!r}")
+  checks.check_int(f"{cell}: {name}", value, 1)
 
 
 def check_bool(cell: str, name: str, value: Any) -> None:
-  if not isinstance(value, bool):
-    raise ValueError(f"{cell}: {name} must be a bool, got {value!r}")
+  checks.check_bool(f"{cell}: {name}", value, error=ValueError)
 
 
 def check_finite_real(cell: str, name: str, value: Any) -> None:
   """A finite real scalar (a string, array or NaN would reach the gates)."""
-  if (isinstance(value, (bool, np.bool_))
-      or not isinstance(value, (int, float, np.integer, np.floating))
-      or not math.isfinite(value)):
-    raise ValueError(
-        f"{cell}: {name} must be a finite real number, got {value!r}")
+  checks.check_number(f"{cell}: {name}", value)
 
 
 def check_choice(cell: str, name: str, value: Any, choices: tuple) -> None:

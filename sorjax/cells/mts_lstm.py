@@ -45,6 +45,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sorjax import checks
 from sorjax.cells import base
 from sorjax.cells.lstm import lstm_update
 
@@ -91,9 +92,8 @@ def _hashable(spec):
 
 
 def _positive(name: str, value) -> float:
-  if not isinstance(value, float) or not np.isfinite(value) or value <= 0:
-    raise _err(f"{name} must be finite and > 0, got {value!r}")
-  return float(value)
+  return float(checks.check_number(f"mts_lstm: timescales {name}", value,
+                                   "> 0", lambda v: v > 0))
 
 
 def _group(kind, value, n: int) -> np.ndarray:

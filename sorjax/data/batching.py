@@ -21,14 +21,8 @@ from typing import Any, NamedTuple, Sequence
 
 import numpy as np
 
-from sorjax.data.checks import check_bool
-
-
-def _check_int(fn: str, name: str, value: Any, minimum: int) -> None:
-  if isinstance(value, (bool, np.bool_)) \
-      or not isinstance(value, (int, np.integer)) or value < minimum:
-    raise ValueError(f"{fn}: {name} must be an int >= {minimum}, "
-                     f"got {value!r}")
+from sorjax import checks
+from sorjax.data.checks import check_bool, check_int
 
 
 _MAX_ID = int(np.iinfo(np.int32).max)   # ids are int32 on the device
@@ -36,7 +30,7 @@ _MAX_ID = int(np.iinfo(np.int32).max)   # ids are int32 on the device
 
 def _check_id(fn: str, name: str, value: Any) -> None:
   """A token id: an int in [0, 2**31 - 1]."""
-  _check_int(fn, name, value, 0)
+  check_int(fn, name, value, 0)
   if value > _MAX_ID:
     raise ValueError(f"{fn}: {name}={value} does not fit int32")
 
@@ -69,7 +63,7 @@ def batchify(tokens: Any, batch_size: int) -> tuple[np.ndarray, int]:
   Returns:
     (data [batch_size, N] int32, number of dropped tokens).
   """
-  _check_int("batchify", "batch_size", batch_size, 1)
+  check_int("batchify", "batch_size", batch_size, 1)
   tokens = _as_ids("batchify", "tokens", tokens)
   if tokens.size == 0:
     raise ValueError("batchify: tokens is empty")
@@ -136,23 +130,17 @@ class StreamBatcher:
                variable: bool = False, p: float = 0.95, sigma: float = 5.0,
                min_len: int = 5, seed: int = 0, pad_to: int | None = None,
                pad_id: int = 0):
-    _check_int("StreamBatcher", "bptt", bptt, 1)
-    _check_int("StreamBatcher", "min_len", min_len, 1)
-    _check_int("StreamBatcher", "seed", seed, 0)
+    check_int("StreamBatcher", "bptt", bptt, 1)
+    check_int("StreamBatcher", "min_len", min_len, 1)
+    check_int("StreamBatcher", "seed", seed, 0)
     _check_id("StreamBatcher", "pad_id", pad_id)
     check_bool("StreamBatcher", "variable", variable)
-    for name, value in (("p", p), ("sigma", sigma)):
-      if isinstance(value, (bool, np.bool_)) or not isinstance(
-          value, (int, float, np.integer, np.floating)):
-        raise ValueError(f"StreamBatcher: {name} must be a number, got "
-                         f"{value!r}")
-    if not 0.0 <= p <= 1.0:
-      raise ValueError(f"StreamBatcher: p must be in [0, 1], got {p!r}")
-    if not 0.0 <= sigma < math.inf:
-      raise ValueError(f"StreamBatcher: sigma must be finite and >= 0, "
-                       f"got {sigma!r}")
+    checks.check_number("StreamBatcher: p", p, "in [0, 1]",
+                        lambda v: 0 <= v <= 1)
+    checks.check_number("StreamBatcher: sigma", sigma, ">= 0",
+                        lambda v: v >= 0)
     if pad_to is not None:
-      _check_int("StreamBatcher", "pad_to", pad_to, bptt)
+      check_int("StreamBatcher", "pad_to", pad_to, bptt)
     try:
       self.data, self.dropped = batchify(tokens, batch_size)
     except ValueError as e:
@@ -236,7 +224,7 @@ def _restore_check(cls: str, state: dict[str, Any],
     if key not in state:
       raise ValueError(f"{cls}.set_state: state lacks the key {key!r}")
   for key in keys:
-    _check_int(f"{cls}.set_state", key, state[key], 0)
+    check_int(f"{cls}.set_state", key, state[key], 0)
   for key, value in fingerprint.items():
     if not np.array_equal(state[key], value):
       raise ValueError(
@@ -277,7 +265,7 @@ def cut_sentences(sequences: Sequence[Any], cutoff: int
   Returns:
     (the cut sequences, how many sequences were longer than `cutoff`).
   """
-  _check_int("cut_sentences", "cutoff", cutoff, 1)
+  check_int("cut_sentences", "cutoff", cutoff, 1)
   out = [_as_ids("cut_sentences", f"sequence {n}", s)
          for n, s in enumerate(sequences)]
   num_cut = sum(len(s) > cutoff for s in out)
@@ -297,7 +285,7 @@ def cut_stream_sentences(ids: Any, eos_id: int, cutoff: int
   """
   ids = _as_ids("cut_stream_sentences", "ids", ids)
   _check_id("cut_stream_sentences", "eos_id", eos_id)
-  _check_int("cut_stream_sentences", "cutoff", cutoff, 1)
+  check_int("cut_stream_sentences", "cutoff", cutoff, 1)
   ends = np.flatnonzero(ids == eos_id)
   pieces = np.split(ids, ends + 1)       # each ends in eos_id but the last
   bodies = [p[:-1] if len(p) and p[-1] == eos_id else p for p in pieces]
@@ -315,8 +303,8 @@ def length_boundaries(lengths: Any, num_buckets: int, multiple: int = 8
   The last boundary covers the longest sequence; duplicates are merged, so
   there may be fewer than `num_buckets` boundaries.
   """
-  _check_int("length_boundaries", "num_buckets", num_buckets, 1)
-  _check_int("length_boundaries", "multiple", multiple, 1)
+  check_int("length_boundaries", "num_buckets", num_buckets, 1)
+  check_int("length_boundaries", "multiple", multiple, 1)
   lengths = np.asarray(lengths)
   if lengths.size == 0:
     raise ValueError("length_boundaries: lengths is empty")
@@ -366,9 +354,9 @@ class SequenceBatcher:
                shuffle: bool = True, seed: int = 0, fill: bool = True,
                pad_id: int = 0):
     fn = "SequenceBatcher"
-    _check_int(fn, "batch_size", batch_size, 1)
-    _check_int(fn, "multiple", multiple, 1)
-    _check_int(fn, "seed", seed, 0)
+    check_int(fn, "batch_size", batch_size, 1)
+    check_int(fn, "multiple", multiple, 1)
+    check_int(fn, "seed", seed, 0)
     _check_id(fn, "pad_id", pad_id)
     check_bool(fn, "shuffle", shuffle)
     check_bool(fn, "fill", fill)
@@ -387,7 +375,7 @@ class SequenceBatcher:
       if multiple != 1:
         raise ValueError(f"{fn}: give boundaries or multiple, not both")
       for b in boundaries:
-        _check_int(fn, "boundaries", b, 1)
+        check_int(fn, "boundaries", b, 1)
       if list(boundaries) != sorted(set(boundaries)) or not boundaries:
         raise ValueError(f"{fn}: boundaries must be strictly increasing "
                          f"and non-empty, got {boundaries}")
@@ -517,12 +505,11 @@ def kfold(num_examples: int, k: int = 5, *, seed: int = 0,
   for validation. Maupome & Meurs 4 use k=5 (20% test) and train on 90% of
   the remaining lines (valid_fraction=0.1).
   """
-  _check_int("kfold", "k", k, 2)
-  _check_int("kfold", "num_examples", num_examples, k)
-  _check_int("kfold", "seed", seed, 0)
-  if not 0.0 <= valid_fraction < 1.0:
-    raise ValueError(f"kfold: valid_fraction must be in [0, 1), "
-                     f"got {valid_fraction!r}")
+  check_int("kfold", "k", k, 2)
+  check_int("kfold", "num_examples", num_examples, k)
+  check_int("kfold", "seed", seed, 0)
+  checks.check_number("kfold: valid_fraction", valid_fraction, "in [0, 1)",
+                      lambda v: 0 <= v < 1)
   perm = np.random.default_rng((seed, k)).permutation(num_examples)
   tests = np.array_split(perm, k)
   folds = []

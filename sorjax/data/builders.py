@@ -47,6 +47,8 @@ from typing import Callable, ClassVar, Iterable, Mapping, Sequence
 import numpy as np
 import tensorflow_datasets as tfds
 
+from sorjax.data.checks import check_scale
+
 DATA_ENV = "SORJAX_DATA_DIR"
 DATASETS_ENV = "SORJAX_DATASETS_DIR"
 NAMES = ("ptb", "ptb_char", "ptb_char_maupome", "wikitext2",
@@ -469,10 +471,7 @@ class GeneratedBuilder(SourceBuilder, skip_registration=True):
 
   def _split_generators(self, dl_manager):
     config = self.builder_config
-    scale = config.scale
-    if not 0 < scale <= 1:
-      raise ValueError(f"{self.name}/{config.name}: scale must be in (0, 1], "
-                       f"got {scale}")
+    scale = check_scale(f"{self.name}/{config.name}", config.scale)
     splits = self.generate(config)
     self.info.metadata["source"] = f"generated (seed {config.seed})"
     self.info.metadata["seed"] = int(config.seed)

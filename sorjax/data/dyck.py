@@ -39,20 +39,13 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
+from sorjax.data.checks import check_int, check_scale
+
 SPLITS = ("train", "dev", "test")
 _BRACKETS = (("(", ")"), ("[", "]"), ("{", "}"), ("<", ">"))
 
 
 # ---------------------------------------------------------------- checks
-
-def check_int(owner: str, name: str, value, minimum: int = 0) -> int:
-  """`value` as an int >= minimum, or a ValueError naming owner and name."""
-  if isinstance(value, (bool, np.bool_)) or not isinstance(
-      value, (int, np.integer)) or value < minimum:
-    raise ValueError(f"{owner}: {name} must be an int >= {minimum}, "
-                     f"got {value!r}")
-  return int(value)
-
 
 def check_seed(owner: str, seed) -> int:
   return check_int(owner, "seed", seed, 0)
@@ -101,10 +94,7 @@ def preset_and_seeds(presets: dict, preset, seed, scale: float):
       raise ValueError(f"make_splits: unknown preset {preset!r}; "
                        f"known: {sorted(presets)}")
     preset = presets[preset]
-  if isinstance(scale, bool) or not isinstance(scale, (int, float)) \
-      or not 0 < scale <= 1:
-    raise ValueError(f"make_splits: scale must be a number in (0, 1], got "
-                     f"{scale!r}")
+  check_scale("make_splits", scale)
   return preset, split_seeds(check_seed("make_splits", seed),
                              [s for s, _ in preset.splits])
 

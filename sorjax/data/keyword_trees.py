@@ -34,20 +34,14 @@ from typing import Iterable, NamedTuple, Sequence, Union
 
 import numpy as np
 
+from sorjax.data.checks import check_int, check_scale
+
 VOCAB_SIZE = 10_000
 NUM_KEYWORDS = 1_000
 NUM_CLASSES = 10
 SPLITS = (("train", 10_000), ("dev", 1_000), ("test", 1_000))
 
 Tree = Union[int, tuple["Tree", "Tree"]]
-
-
-def _check_int(owner: str, name: str, value, minimum: int) -> int:
-  if isinstance(value, (bool, np.bool_)) or not isinstance(
-      value, (int, np.integer)) or value < minimum:
-    raise ValueError(f"{owner}: {name} must be an int >= {minimum}, "
-                     f"got {value!r}")
-  return int(value)
 
 
 # ---------------------------------------------------------------- trees
@@ -96,7 +90,7 @@ def _build(left, right, node, tokens) -> Tree:
 def random_shape(num_leaves: int, rng: np.random.Generator) -> Tree:
   """A uniformly random full binary tree with leaves 0..num_leaves-1 in
   left-to-right order (Remy's algorithm)."""
-  n = _check_int("random_shape", "num_leaves", num_leaves, 1)
+  n = check_int("random_shape", "num_leaves", num_leaves, 1)
   return _build(*_remy(n, rng), iter(range(n)))
 
 
@@ -183,10 +177,10 @@ def sample(num: int, min_length: int, max_length: int, seed: int = 0,
   uniform random trees; with `depths`, only those whose keyword depth is in
   `depths` (exactly the filtered pool of Experiment 2)."""
   owner = "keyword_trees.sample"
-  num = _check_int(owner, "num", num, 0)
-  _check_int(owner, "min_length", min_length, 1)
-  _check_int(owner, "max_length", max_length, 1)
-  seed = _check_int(owner, "seed", seed, 0)
+  num = check_int(owner, "num", num, 0)
+  check_int(owner, "min_length", min_length, 1)
+  check_int(owner, "max_length", max_length, 1)
+  seed = check_int(owner, "seed", seed, 0)
   if min_length > max_length:
     raise ValueError(f"{owner}: min_length={min_length} > "
                      f"max_length={max_length}")
@@ -194,7 +188,7 @@ def sample(num: int, min_length: int, max_length: int, seed: int = 0,
     if isinstance(depths, (str, bytes)) or not isinstance(depths, Iterable):
       raise ValueError(f"{owner}: depths must be a sequence of ints, got "
                        f"{depths!r}")
-    depths = frozenset(_check_int(owner, "depths[]", d, 0) for d in depths)
+    depths = frozenset(check_int(owner, "depths[]", d, 0) for d in depths)
     # A tree with n >= 2 leaves has leaves at depths 1..n-1 only; n = 1: 0.
     if not any((d == 0 and min_length == 1) or 1 <= d < max_length
                for d in depths):
@@ -244,10 +238,7 @@ def _split(examples, sizes):
 
 
 def _sizes(owner, scale):
-  if isinstance(scale, (bool, np.bool_)) or not isinstance(
-      scale, (int, float, np.integer, np.floating)) or not 0 < scale <= 1:
-    raise ValueError(f"{owner}: scale must be a number in (0, 1], "
-                     f"got {scale!r}")
+  check_scale(owner, scale)
   return [(name, max(1, round(size * scale))) for name, size in SPLITS]
 
 
@@ -255,7 +246,7 @@ def length_experiment(i: int, seed: int = 0, scale: float = 1.0
                       ) -> dict[str, list[KeywordExample]]:
   """Experiment 1, dataset i in 1..10: lengths 10i-9..10i, 10k/1k/1k."""
   owner = "length_experiment"
-  i = _check_int(owner, "i", i, 1)
+  i = check_int(owner, "i", i, 1)
   if i > 10:
     raise ValueError(f"{owner}: i must be in 1..10, got {i}")
   sizes = _sizes(owner, scale)
@@ -268,7 +259,7 @@ def depth_experiment(i: int, seed: int = 0, scale: float = 1.0,
                      ) -> dict[str, list[KeywordExample]]:
   """Experiment 2, dataset i: keyword depth i or i+1, lengths 21..30."""
   owner = "depth_experiment"
-  i = _check_int(owner, "i", i, 1)
+  i = check_int(owner, "i", i, 1)
   sizes = _sizes(owner, scale)
   return _split(sample(sum(s for _, s in sizes), min_length, max_length,
                        seed, depths=(i, i + 1)), sizes)

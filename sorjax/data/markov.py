@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sorjax.data.checks import check_bool
+from sorjax.data.checks import check_bool, check_int
 
 _MAX_TABLE = 2 ** 24        # bigram_successors' tables are indexed by id
 
@@ -83,18 +83,13 @@ def markov_corpus(tokens, seed: int = 0, length: int | None = None,
                   wrap: bool = True) -> np.ndarray:
   """A corpus of `length` tokens (default: as many as `tokens`) sampled from
   the source's empirical bigram chain; same dtype as `tokens`."""
-  if isinstance(seed, (bool, np.bool_)) or not isinstance(
-      seed, (int, np.integer)) or seed < 0:
-    raise ValueError(f"markov_corpus: seed must be an int >= 0, got {seed!r}")
+  check_int("markov_corpus", "seed", seed, 0)
   x = np.asarray(tokens)
   # Dense ids 0..V-1 in the ids' order: the same draws for any ids.
   words, dense = np.unique(_check_tokens(x), return_inverse=True)
   offsets, successors = bigram_successors(dense.reshape(-1), wrap)
-  n = x.size if length is None else length
-  if isinstance(n, (bool, np.bool_)) or not isinstance(
-      n, (int, np.integer)) or n < 1:
-    raise ValueError(f"markov_corpus: length must be an int >= 1, got "
-                     f"{length!r}")
+  n = x.size if length is None else check_int("markov_corpus", "length",
+                                              length, 1)
   rng = np.random.default_rng(seed)
   u = rng.random(n)
   starts = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))

@@ -38,10 +38,11 @@ from typing import Iterable
 
 import numpy as np
 
+from sorjax import checks
+from sorjax.data.checks import check_bool, check_int
 from sorjax.data.dyck import (SplitSpec, _symbols, bracket_pairs, check_ids,
-                              check_int, check_length_bounds, check_seed,
+                              check_length_bounds, check_seed,
                               preset_and_seeds)
-from sorjax.data.checks import check_bool
 
 _S = -1                      # the nonterminal on the derivation stack
 
@@ -64,9 +65,8 @@ class DyckPCFG:
     for i, x in enumerate(p):
       if not 0 < x < 1:
         raise ValueError(f"DyckPCFG: p[{i}] must be in (0, 1), got {x}")
-    if isinstance(self.q, bool) or not isinstance(
-        self.q, (int, float, np.floating)) or not 0 < self.q < 1:
-      raise ValueError(f"DyckPCFG: q must be in (0, 1), got {self.q!r}")
+    checks.check_number("DyckPCFG: q", self.q, "in (0, 1)",
+                        lambda v: 0 < v < 1)
     object.__setattr__(self, "q", float(self.q))
     if sum(p) + self.q >= 1:
       raise ValueError(f"DyckPCFG: sum(p) + q must be < 1 (eps needs "

@@ -27,6 +27,9 @@ from typing import Iterable, Sequence
 from etils import epath
 import numpy as np
 
+from sorjax import checks
+from sorjax.data.checks import check_int
+
 FILENAME = "vocab.json"
 _FORMAT = "sorjax.vocab/1"
 
@@ -65,13 +68,9 @@ class Vocab:
                                                             Iterable):
         raise ValueError(f"Vocab: counts must be a sequence of "
                          f"{len(symbols)} ints, got {counts!r:.40}")
-      counts = tuple(counts)
-      for i, c in enumerate(counts):
-        if isinstance(c, bool) or not isinstance(c, (int, np.integer)):
-          raise ValueError(f"Vocab: counts must be ints, got {c!r} at "
-                           f"position {i}")
-      counts = tuple(int(c) for c in counts)
-      if len(counts) != len(symbols) or min(counts, default=0) < 0:
+      counts = tuple(checks.check_int(f"Vocab: counts[{i}]", c, 0)
+                     for i, c in enumerate(counts))
+      if len(counts) != len(symbols):
         raise ValueError(f"Vocab: counts must be {len(symbols)} "
                          f"non-negative ints, got {len(counts)}")
     self.symbols, self.counts = symbols, counts
@@ -99,17 +98,11 @@ class Vocab:
       ValueError: empty corpus, bad min_count/max_size, or symbols left out
         while there is no unk symbol to stand for them.
     """
-    if isinstance(min_count, bool) or not isinstance(min_count, int) \
-        or min_count < 1:
-      raise ValueError(f"Vocab.build: min_count must be an int >= 1, "
-                       f"got {min_count!r}")
+    check_int("Vocab.build", "min_count", min_count, 1)
     specials = tuple(s for s in dict.fromkeys((pad, eos, unk)) if s)
-    if max_size is not None and (isinstance(max_size, bool)
-                                 or not isinstance(max_size, int)
-                                 or max_size < max(1, len(specials))):
-      raise ValueError(f"Vocab.build: max_size must be an int >= the "
-                       f"{len(specials)} special symbols {specials}, "
-                       f"got {max_size!r}")
+    checks.check_int(f"Vocab.build: max_size, with the {len(specials)} "
+                     f"special symbols {specials},", max_size,
+                     max(1, len(specials)), optional=True)
     counter = collections.Counter()
     for n, line in enumerate(_not_str("Vocab.build", "lines", lines,
                                       "an iterable of symbol lists"), 1):

@@ -47,6 +47,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from sorjax import checks
 from sorjax.cells import base
 from sorjax.layer_scan import first_outside
 from sorjax.models.constant import constant
@@ -146,10 +147,9 @@ class RecurrentTrunk(nn.Module):
           f"{self.embedding!r}, whose size is {self.input_size}")
     for name in ("embedding_dropout", "input_dropout", "hidden_dropout",
                  "output_dropout", "weight_drop"):
-      rate = getattr(self, name)
-      if isinstance(rate, bool) or not isinstance(rate, (int, float)) or not (
-          0.0 <= rate < 1.0):
-        raise self._error(f"{name} must be a rate in [0, 1), got {rate!r}")
+      checks.check_number(f"{type(self).__name__}: {name}",
+                          getattr(self, name), "in [0, 1)",
+                          lambda rate: 0 <= rate < 1)
     if not isinstance(self.locked_dropout, bool):
       bad = [s for s in self.locked_dropout if s not in DROPOUT_SITES]
       if bad:

@@ -22,6 +22,8 @@ import jax
 import jax.numpy as jnp
 import optax
 
+from sorjax.checks import check_int
+
 
 class AveragingState(NamedTuple):
   active: jax.Array    # bool: averaging has started
@@ -95,8 +97,7 @@ class NonMonotoneTrigger:
   losses: list[float] = dataclasses.field(default_factory=list)
 
   def __post_init__(self):
-    if self.n < 1:
-      raise ValueError(f"nonmono interval n must be >= 1, got {self.n}")
+    check_int("NonMonotoneTrigger: n (the non-monotone interval)", self.n, 1)
 
   def observe(self, val_loss: float) -> bool:
     """Records one validation loss; True when averaging should start now."""

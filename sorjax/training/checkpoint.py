@@ -20,6 +20,8 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
+from sorjax.checks import check_int
+
 
 def _manager(path: str, keep: int, read_only: bool = False):
   return ocp.CheckpointManager(
@@ -31,8 +33,7 @@ class Checkpointer:
   """Saves and restores (state pytree, meta JSON) pairs in a work directory."""
 
   def __init__(self, workdir: str, keep: int = 3, read_only: bool = False):
-    if keep < 1:
-      raise ValueError(f"checkpoint keep must be >= 1, got {keep}")
+    check_int("Checkpointer: keep", keep, 1)
     self.workdir = os.path.abspath(workdir)
     self._latest = _manager(os.path.join(self.workdir, "checkpoints"), keep,
                             read_only)

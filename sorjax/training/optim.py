@@ -12,13 +12,12 @@ state, so they can change without recompiling:
 
 from __future__ import annotations
 
-import math
-import numbers
 from typing import Any, Mapping
 
 import jax.numpy as jnp
 import optax
 
+from sorjax.checks import check_number
 from sorjax.training import asgd
 
 OPTIMIZERS = ("adam", "sgd", "adagrad", "nt_asgd")
@@ -28,21 +27,6 @@ SCHEDULES = ("constant", "warmup_constant", "exponential", "cosine",
 
 def _get(cfg: Mapping[str, Any], key: str, default=None):
   return cfg[key] if key in cfg and cfg[key] is not None else default
-
-
-def check_number(where: str, v, rule: str, ok, *, integer: bool = False,
-                 optional: bool = False) -> None:
-  """Raises a ValueError naming `where` unless v is a finite number (an int
-  with `integer`; None allowed with `optional`) for which ok(v) holds;
-  `rule` says what ok checks, e.g. "> 0"."""
-  if v is None and optional:
-    return
-  kind = (numbers.Integral,) if integer else (numbers.Real,)
-  if (isinstance(v, bool) or not isinstance(v, kind)
-      or not math.isfinite(v) or not ok(v)):
-    what = "an int" if integer else "a number"
-    none = "None or " if optional else ""
-    raise ValueError(f"{where} must be {none}{what} {rule}, got {v!r}")
 
 
 # (field, rule, test, integer, optional) of the optim fields a config may

@@ -10,6 +10,8 @@ import dataclasses
 
 import jax.numpy as jnp
 
+from sorjax.checks import check_number
+
 
 @dataclasses.dataclass(frozen=True)
 class TemperatureSchedule:
@@ -30,19 +32,16 @@ class TemperatureSchedule:
   eval_value: float | None = None
 
   def __post_init__(self):
-    if not self.init > 0:
-      raise ValueError(f"temperature.init must be > 0, got {self.init}")
-    if not 0 < self.decay <= 1:
-      raise ValueError(f"temperature.decay must be in (0, 1], got {self.decay}")
+    check_number("temperature.init", self.init, "> 0", lambda v: v > 0)
+    check_number("temperature.decay", self.decay, "in (0, 1]",
+                 lambda v: 0 < v <= 1)
     if self.per not in ("epoch", "step"):
       raise ValueError(
           f"temperature.per must be 'epoch' or 'step', got {self.per!r}")
-    if self.floor < 0 or self.floor > self.init:
-      raise ValueError(
-          f"temperature.floor must be in [0, init={self.init}], got {self.floor}")
-    if self.eval_value is not None and not self.eval_value > 0:
-      raise ValueError(
-          f"temperature.eval_value must be > 0, got {self.eval_value}")
+    check_number("temperature.floor", self.floor, f"in [0, init={self.init}]",
+                 lambda v: 0 <= v <= self.init)
+    check_number("temperature.eval_value", self.eval_value, "> 0",
+                 lambda v: v > 0, optional=True)
 
   def __call__(self, step, epoch):
     """Training temperature (works on Python ints and traced arrays)."""

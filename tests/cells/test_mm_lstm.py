@@ -190,7 +190,7 @@ def test_dict_and_tuple_give_the_same_hashable_cell():
     ({"c": 4, "i": 4, "f": 2, "o": 2, "g": 1}, r"unknown \['g'\]"),
     ((4, 4, 2), "4 counts .* got 3"),
     (4, "dict over the gates"),
-    ((4, 0, 2, 2), r"num_matrices\['i'\] must be a positive int"),
+    ((4, 0, 2, 2), r"num_matrices\['i'\] must be an int >= 1"),
     ({"c": 4, "i": 4, "f": -2, "o": 2}, r"num_matrices\['f'\]"),
     ((4, 4, 2, 2.0), r"num_matrices\['o'\]"),
 ])

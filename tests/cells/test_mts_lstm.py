@@ -203,13 +203,13 @@ def test_array_timescales_are_hashable_and_jit_static():
 
 
 @pytest.mark.parametrize("bad,match", [
-    ((1.0, 2.0, 0.0, 4.0, 5.0), r"\[2\] must be finite and > 0"),
-    ((1.0, -2.0, 3.0, 4.0, 5.0), r"\[1\] must be finite and > 0"),
-    ((1.0, 2.0, 3.0, np.inf, 5.0), r"\[3\] must be finite"),
-    ((1.0, 2.0, np.nan, 4.0, 5.0), r"\[2\] must be finite"),
+    ((1.0, 2.0, 0.0, 4.0, 5.0), r"\[2\] must be a finite number > 0"),
+    ((1.0, -2.0, 3.0, 4.0, 5.0), r"\[1\] must be a finite number > 0"),
+    ((1.0, 2.0, 3.0, np.inf, 5.0), r"\[3\] must be a finite number"),
+    ((1.0, 2.0, np.nan, 4.0, 5.0), r"\[2\] must be a finite number"),
     ((1.0, 2.0, 3.0), "one timescale per unit: 3 values for hidden_size=5"),
-    (("constant", 0.0), "constant T must be finite and > 0"),
-    (("inverse_gamma", -1.0), "inverse_gamma alpha must be finite and > 0"),
+    (("constant", 0.0), "constant T must be a finite number > 0"),
+    (("inverse_gamma", -1.0), "inverse_gamma alpha must be a finite number > 0"),
     (("inverse_gamma", 0.001), "0 or inf in float64; use a larger alpha"),
     (("gamma", 1.0), "kind must be one of"),
     (("groups", (("constant", 3.0, 2), ("constant", 4.0, 2))),

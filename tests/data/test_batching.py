@@ -123,11 +123,11 @@ def test_variable_batcher_statistics_lr_scale_and_seeding():
     ({"bptt": 0}, "bptt must be an int >= 1"),
     ({"bptt": 5, "batch_size": 600}, "batch_size=600 is too large"),
     ({"bptt": 5, "pad_to": 4}, "pad_to must be an int >= 5"),
-    ({"bptt": 5, "p": 1.5}, "p must be in"),
+    ({"bptt": 5, "p": 1.5}, r"p must be a finite number in \[0, 1\], got 1.5"),
     ({"bptt": 5, "min_len": 0}, "min_len"),
-    ({"bptt": 5, "p": "0.5"}, "p must be a number, got '0.5'"),
-    ({"bptt": 5, "sigma": None}, "sigma must be a number, got None"),
-    ({"bptt": 5, "sigma": float("inf")}, "sigma must be finite"),
+    ({"bptt": 5, "p": "0.5"}, "p must be a finite number in .*, got '0.5'"),
+    ({"bptt": 5, "sigma": None}, "sigma must be a finite number >= 0, got None"),
+    ({"bptt": 5, "sigma": float("inf")}, "sigma must be a finite number >= 0, got inf"),
 ])
 def test_stream_batcher_errors(kwargs, match):
   kwargs = {"batch_size": 2, **kwargs}

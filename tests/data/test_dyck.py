@@ -425,6 +425,6 @@ def test_split_spec_needs_a_sample():
   with pytest.raises(ValueError, match="SplitSpec: min_length=5 > "
                                        "max_length=4"):
     dyck.SplitSpec(1, 5, 4)
-  with pytest.raises(ValueError, match=r"make_splits: scale must be a number "
+  with pytest.raises(ValueError, match=r"make_splits: scale must be a finite number "
                                        r"in \(0, 1\], got '1'"):
     dyck.make_splits("lin_m4", scale="1")

@@ -195,7 +195,7 @@ def test_bad_experiment_arguments():
     kt.depth_experiment(0)
   with pytest.raises(ValueError, match="scale must be"):
     kt.length_experiment(1, scale=2)
-  with pytest.raises(ValueError, match=r"scale must be a number in \(0, 1\], "
+  with pytest.raises(ValueError, match=r"scale must be a finite number in \(0, 1\], "
                                        "got '0.1'"):
     kt.length_experiment(1, scale="0.1")
   with pytest.raises(ValueError, match="num_leaves must be"):

@@ -83,8 +83,8 @@ def test_defaults_are_mahto():
     (dict(p=(0.0, 0.25)), r"p\[0\] must be in \(0, 1\)"),
     (dict(p=(0.25, 1.2)), r"p\[1\] must be in \(0, 1\)"),
     (dict(p=()), "one probability per bracket type"),
-    (dict(q=1.0), r"q must be in \(0, 1\)"),
-    (dict(q=0), r"q must be in \(0, 1\)"),
+    (dict(q=1.0), r"q must be a finite number in \(0, 1\)"),
+    (dict(q=0), r"q must be a finite number in \(0, 1\)"),
     (dict(p=(0.4, 0.4), q=0.2), r"sum\(p\) \+ q must be < 1"),
     (dict(p="ab"), "p must be a sequence")])
 def test_bad_hyperparameters(kwargs, match):

@@ -141,9 +141,12 @@ def test_constructor_checks():
     Vocab(["a", "<eos>"])
   with pytest.raises(ValueError, match="counts"):
     Vocab(["a", "<eos>", "<unk>"], counts=[1, 2])
-  with pytest.raises(ValueError, match="counts must be ints, got 1.7 at "
-                                       "position 0"):
+  with pytest.raises(ValueError, match=r"counts\[0\] must be an int >= 0, "
+                                       "got 1.7"):
     Vocab(["a", "<eos>", "<unk>"], counts=[1.7, 2, 0])
+  with pytest.raises(ValueError, match=r"counts\[2\] must be an int >= 0, "
+                                       "got -1"):
+    Vocab(["a", "<eos>", "<unk>"], counts=[1, 2, -1])
   assert Vocab(["a", "<eos>", "<unk>"], counts=np.array([3, 1, 0])).counts \
       == (3, 1, 0)
   with pytest.raises(ValueError, match="non-empty strings"):

@@ -77,10 +77,10 @@ def test_config_errors_stop_before_training(tmp_path):
 
 
 @pytest.mark.parametrize("path,value,msg", [
-    ("optim.clip_norm", -1.0, "optim.clip_norm must be None or a number > 0, "
+    ("optim.clip_norm", -1.0, "optim.clip_norm must be None or a finite number > 0, "
                               "got -1.0"),
-    ("optim.learning_rate", 0.0, "optim.learning_rate must be a number > 0"),
-    ("plateau.factor", 1.0, r"plateau.factor must be a number in \(0, 1\)"),
+    ("optim.learning_rate", 0.0, "optim.learning_rate must be a finite number > 0"),
+    ("plateau.factor", 1.0, r"plateau.factor must be a finite number in \(0, 1\)"),
     ("plateau.patience", -1, "plateau.patience must be an int >= 0"),
     ("plateau.enabled", "no", "plateau.enabled must be a bool"),
     ("early_stopping.patience", -1, "early_stopping.patience must be None "
@@ -89,17 +89,33 @@ def test_config_errors_stop_before_training(tmp_path):
     ("early_stopping.patience", 1.5, "early_stopping.patience must be None "
                                      "or an int"),
     ("early_stopping.stop_below", float("nan"),
-     "early_stopping.stop_below must be None or a number"),
+     "early_stopping.stop_below must be None or a finite number"),
     ("nt_asgd.nonmono", 0, "nt_asgd.nonmono must be an int >= 1"),
     ("train.max_steps", 0, "train.max_steps must be None or an int >= 1"),
     ("train.max_steps", -5, "train.max_steps must be None or an int >= 1"),
     ("train.max_steps", 2.5, "train.max_steps must be None or an int >= 1"),
+    # True passed as 1 before the checks shared sorjax.checks' rule
+    ("train.num_epochs", True, "train.num_epochs must be an int >= 1, got "
+                               "True"),
+    ("train.keep_checkpoints", 0, "train.keep_checkpoints must be an int "
+                                  ">= 1, got 0"),
 ])
 def test_validate_checks_the_loop_fields(path, value, msg):
   cfg = tiny_dyck.get_config()
   section, field = path.split(".")
   cfg[section] = {**cfg[section].to_dict(), field: value}  # any type
   with pytest.raises(ConfigError, match=msg):
+    train.validate(cfg)
+
+
+@pytest.mark.parametrize("field,value", [("num_replicas", True),
+                                         ("num_replicas", 0),
+                                         ("replica_batch_size", 1.0)])
+def test_validate_checks_the_replica_fields(field, value):
+  cfg = tiny_dyck.get_config()
+  cfg[field] = value
+  with pytest.raises(ConfigError, match=f"^{field} must be .*an int >= 1, "
+                                        f"got {value!r}$"):
     train.validate(cfg)
 
 
@@ -138,8 +154,8 @@ def _with_data(cfg, **fields):
     ("max_length", 0, "data.max_length must be None or an int >= 2"),
     ("max_length", -4, "data.max_length must be None or an int >= 2"),
     ("max_length", 1, "data.max_length must be None or an int >= 2"),
-    ("scale", -1.0, r"data.scale must be a number in \(0, 1\]"),
-    ("scale", 0.0, r"data.scale must be a number in \(0, 1\]"),
+    ("scale", -1.0, r"data.scale must be a finite number in \(0, 1\]"),
+    ("scale", 0.0, r"data.scale must be a finite number in \(0, 1\]"),
     ("num_buckets", 0, "data.num_buckets must be an int >= 1"),
     ("bucket_multiple", 0, "data.bucket_multiple must be an int >= 1"),
     ("batch_size", 0, "data.batch_size must be an int >= 1"),
@@ -154,7 +170,7 @@ def test_dyck_data_fields_are_checked_when_the_task_is_built(field, value,
 
 
 @pytest.mark.parametrize("field,value,msg", [
-    ("scale", 2.0, r"data.scale must be a number in \(0, 1\]"),
+    ("scale", 2.0, r"data.scale must be a finite number in \(0, 1\]"),
     ("num_buckets", 0, "data.num_buckets must be an int >= 1"),
     ("eval_batch_size", 0, "data.eval_batch_size must be an int >= 1"),
     ("scale", 1e-5, "too few to hold out a dev split"),

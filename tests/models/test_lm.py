@@ -367,7 +367,7 @@ def test_weight_drop_needs_a_single_recurrent_matrix():
     LanguageModel([make("lstm", hidden_size=5),
                    make("mm_rnn", hidden_size=5, num_matrices=2)],
                   vocab_size=V, embed_size=E, weight_drop=0.3)
-  with pytest.raises(ValueError, match="weight_drop must be a rate"):
+  with pytest.raises(ValueError, match="weight_drop must be a finite number in"):
     LanguageModel([make("lstm", hidden_size=5)], vocab_size=V,
                   embed_size=E, weight_drop=1.0)
 
@@ -473,9 +473,9 @@ def test_per_step_heads():
     (dict(embed_size=4, tie_embedding=True), "last hidden size 5 differs"),
     (dict(embed_size=4, tie_projection=True), "only meaningful"),
     (dict(embedding="one_hot", tie_embedding=True), "needs a trainable"),
-    (dict(embed_size=4, input_dropout=1.0), "input_dropout must be a rate"),
+    (dict(embed_size=4, input_dropout=1.0), "input_dropout must be a finite number in"),
     (dict(embed_size=4, locked_dropout=("inputs",)), "unknown sites"),
-    (dict(), "embed_size must be a positive int"),
+    (dict(), "embed_size must be an int >= 1"),
     (dict(embedding="frozen"), "embedding_table is given exactly"),
     (dict(embedding="cell"), "fixed_embedding"),
     (dict(embedding="one_hot", embed_size=3), "contradicts"),

@@ -144,8 +144,8 @@ def test_word_ids_outside_the_vocabulary_are_refused(schedule):
 
 
 def test_bad_configuration_is_reported(schedule):
-  with pytest.raises(ValueError, match="TreeClassifier: vocab_size must be a "
-                     "positive int, got 0"):
+  with pytest.raises(ValueError, match="TreeClassifier: vocab_size must be an "
+                     "int >= 1, got 0"):
     TreeClassifier(vocab_size=0, num_classes=3)
   with pytest.raises(ValueError, match="TreeClassifier: num_classes"):
     TreeClassifier(vocab_size=3, num_classes=-1)

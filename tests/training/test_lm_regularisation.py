@@ -44,7 +44,7 @@ def test_only_the_lm_task_reads_them():
     trunk_kwargs(m)             # e.g. a Dyck task
   m.temporal_activation_reg = -1.0
   with pytest.raises(ConfigError,
-                     match="model.temporal_activation_reg must be a number"):
+                     match="model.temporal_activation_reg must be a finite number"):
     activation_regs(m)
   # An older config.json without the fields: no regularisation.
   old = model_config()

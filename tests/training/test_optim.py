@@ -93,25 +93,25 @@ def test_early_stopping():
 
 
 @pytest.mark.parametrize("field,value,msg", [
-    ("learning_rate", -1.0, "optim.learning_rate must be a number > 0"),
-    ("learning_rate", 0.0, "optim.learning_rate must be a number > 0"),
-    ("learning_rate", float("nan"), "optim.learning_rate must be a number"),
-    ("learning_rate", "1e-3", "optim.learning_rate must be a number"),
-    ("clip_norm", -1.0, r"optim.clip_norm must be None or a number > 0, "
+    ("learning_rate", -1.0, "optim.learning_rate must be a finite number > 0"),
+    ("learning_rate", 0.0, "optim.learning_rate must be a finite number > 0"),
+    ("learning_rate", float("nan"), "optim.learning_rate must be a finite number"),
+    ("learning_rate", "1e-3", "optim.learning_rate must be a finite number"),
+    ("clip_norm", -1.0, r"optim.clip_norm must be None or a finite number > 0, "
                         r"got -1.0"),
-    ("clip_norm", 0.0, "optim.clip_norm must be None or a number > 0"),
-    ("b1", 1.5, r"optim.b1 must be None or a number in \[0, 1\)"),
-    ("b2", 1.0, r"optim.b2 must be None or a number in \[0, 1\)"),
-    ("eps", -1.0, "optim.eps must be None or a number > 0"),
-    ("eps", 0.0, "optim.eps must be None or a number > 0"),
-    ("weight_decay", -0.1, "optim.weight_decay must be None or a number >= 0"),
+    ("clip_norm", 0.0, "optim.clip_norm must be None or a finite number > 0"),
+    ("b1", 1.5, r"optim.b1 must be None or a finite number in \[0, 1\)"),
+    ("b2", 1.0, r"optim.b2 must be None or a finite number in \[0, 1\)"),
+    ("eps", -1.0, "optim.eps must be None or a finite number > 0"),
+    ("eps", 0.0, "optim.eps must be None or a finite number > 0"),
+    ("weight_decay", -0.1, "optim.weight_decay must be None or a finite number >= 0"),
     ("initial_accumulator", -1.0, "optim.initial_accumulator must be"),
     ("warmup_steps", -1, "optim.warmup_steps must be None or an int >= 0"),
     ("warmup_steps", 1.5, "optim.warmup_steps must be None or an int >= 0"),
     ("decay_steps", 0, "optim.decay_steps must be None or an int >= 1"),
-    ("decay_rate", 0.0, "optim.decay_rate must be None or a number > 0"),
+    ("decay_rate", 0.0, "optim.decay_rate must be None or a finite number > 0"),
     ("total_steps", 0, "optim.total_steps must be None or an int >= 1"),
-    ("end_value", -1.0, "optim.end_value must be None or a number >= 0"),
+    ("end_value", -1.0, "optim.end_value must be None or a finite number >= 0"),
     ("staircase", "no", "optim.staircase must be a bool"),
 ])
 def test_optim_fields_are_range_checked(field, value, msg):
@@ -122,7 +122,7 @@ def test_optim_fields_are_range_checked(field, value, msg):
 
 def test_momentum_is_checked_and_read_by_sgd_only():
   with pytest.raises(ValueError, match=r"optim.momentum must be None or a "
-                                       r"number in \[0, 1\)"):
+                                       r"finite number in \[0, 1\)"):
     optim.make_optimizer({"name": "sgd", "learning_rate": 1.0,
                           "momentum": 1.0})
   with pytest.raises(ValueError, match="optim.momentum=0.9 is read by sgd"):
@@ -141,7 +141,7 @@ def test_warmup_cosine_total_must_exceed_warmup():
 
 def test_plateau_and_early_stopping_name_their_fields():
   for factor in (0.0, 1.0, 1.5):
-    with pytest.raises(ValueError, match=r"plateau.factor must be a number "
+    with pytest.raises(ValueError, match=r"plateau.factor must be a finite number "
                                          r"in \(0, 1\)"):
       optim.Plateau(factor=factor)
   for patience in (-1, 1.5):

@@ -106,7 +106,7 @@ def test_evaluate_matches_numpy_per_tree(task):
     ("batch_size", 0, "data.batch_size must be an int >= 1, got 0"),
     ("eval_batch_size", -1, "data.eval_batch_size must be an int >= 1"),
     ("gradient_trees", -1, "data.gradient_trees must be None or an int >= 0"),
-    ("scale", 0.0, r"data.scale must be a number in \(0, 1\]"),
+    ("scale", 0.0, r"data.scale must be a finite number in \(0, 1\]"),
     ("per_node", "no", "data.per_node must be a bool"),
     ("batch_size", 500, "data.batch_size=500 exceeds the 200 training trees"),
 ])

@@ -23,6 +23,7 @@ from ml_collections.config_dict import FieldReference
 
 from sorjax import budget as budget_lib
 from sorjax import cells as cells_lib
+from sorjax.checks import check_int, check_number
 
 CELL_HPARAMS = ("activation", "forget_bias", "intermediate_size", "use_D",
                 "use_E", "general", "candidate_activation", "num_cells",
@@ -42,13 +43,8 @@ def check_ints(d, minimums: dict[str, int], optional=(),
   """Each field of `minimums` an int >= its minimum (None allowed for those
   in `optional`), else a ConfigError naming `section.field`."""
   for name, low in minimums.items():
-    v = d.get(name)
-    if v is None and name in optional:
-      continue
-    if isinstance(v, bool) or not isinstance(v, int) or v < low:
-      none = "None or " if name in optional else ""
-      raise ConfigError(f"{section}.{name} must be {none}an int >= {low}, "
-                        f"got {v!r}")
+    check_int(f"{section}.{name}", d.get(name), low,
+              optional=name in optional, error=ConfigError)
 
 
 def check_bools(d, names, section: str = "data") -> None:
@@ -59,10 +55,8 @@ def check_bools(d, names, section: str = "data") -> None:
 
 def check_scale(d) -> None:
   """data.scale: the fraction of each split's examples, in (0, 1]."""
-  v = d.get("scale", 1.0)
-  if isinstance(v, bool) or not isinstance(v, (int, float)) \
-      or not 0 < v <= 1:
-    raise ConfigError(f"data.scale must be a number in (0, 1], got {v!r}")
+  check_number("data.scale", d.get("scale", 1.0), "in (0, 1]",
+               lambda v: 0 < v <= 1, error=ConfigError)
 
 
 # The batching fields every padded-sequence task reads from config.data.
@@ -120,8 +114,7 @@ def make_cells(m: ml_collections.ConfigDict, hidden_size: int | None = None,
   if m.layers:
     return tuple(_make_cell(dict(layer), f"model.layers[{l}]")
                  for l, layer in enumerate(m.layers))
-  if not isinstance(m.num_layers, int) or m.num_layers < 1:
-    raise ConfigError(f"model.num_layers must be >= 1, got {m.num_layers!r}")
+  check_int("model.num_layers", m.num_layers, 1, error=ConfigError)
   layer = {"cell": m.cell, "hidden_size": hidden_size or m.hidden_size,
            **{k: m.get(k) for k in CELL_HPARAMS}}
   if intermediate_size is not None:
@@ -137,9 +130,8 @@ def activation_regs(m: ml_collections.ConfigDict) -> tuple[float, float]:
   regularisation, checked (0 when an older config.json lacks them)."""
   out = []
   for name in ACTIVATION_REGS:
-    v = m.get(name, 0.0)
-    if isinstance(v, bool) or not isinstance(v, (int, float)) or v < 0:
-      raise ConfigError(f"model.{name} must be a number >= 0, got {v!r}")
+    v = check_number(f"model.{name}", m.get(name, 0.0), ">= 0",
+                     lambda v: v >= 0, error=ConfigError)
     out.append(float(v))
   return tuple(out)
 
@@ -183,14 +175,11 @@ def build_model(m: ml_collections.ConfigDict,
                       "combined with model.layers")
   ratio = m.intermediate_ratio
   for name, v in (("budget", m.budget), ("intermediate_ratio", ratio)):
-    if v is not None and (isinstance(v, bool) or not isinstance(
-        v, (int, float)) or not 0 < v < float("inf")):
-      raise ConfigError(f"model.{name} must be a number > 0, got {v!r}")
+    check_number(f"model.{name}", v, "> 0", lambda v: v > 0, optional=True,
+                 error=ConfigError)
   tol = m.get("budget_tol", 0.01)  # older config.json files lack the field
-  if isinstance(tol, bool) or not isinstance(tol, (int, float)) \
-      or not 0 < tol < 1:
-    raise ConfigError(f"model.budget_tol must be a number in (0, 1), got "
-                      f"{tol!r}")
+  check_number("model.budget_tol", tol, "in (0, 1)", lambda v: 0 < v < 1,
+               error=ConfigError)
   try:
     if ratio is None:
       return budget_lib.solve(lambda H: _checked(factory, make_cells(m, H)),

@@ -16,6 +16,7 @@ import jax.numpy as jnp
 import numpy as np
 import optax
 
+from sorjax.checks import check_int
 from sorjax.data import batching, corpora
 from sorjax.models import LanguageModel
 from sorjax.training.tasks.base import ModelTask, masked_mean, step_mask
@@ -42,13 +43,10 @@ def _token_prefixes(split_ids: dict, d) -> dict:
   out = dict(split_ids)
   for name, splits in (("max_train_tokens", ("train",)),
                        ("max_eval_tokens", ("valid", "test"))):
-    n = d.get(name)
-    if n is None:
-      continue
-    if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-      raise ConfigError(f"data.{name} must be None or an int >= 1, got "
-                        f"{n!r}")
-    out.update({s: out[s][:n] for s in splits})
+    n = check_int(f"data.{name}", d.get(name), 1, optional=True,
+                  error=ConfigError)
+    if n is not None:
+      out.update({s: out[s][:n] for s in splits})
   return out
 
 
@@ -70,12 +68,10 @@ class LanguageModelTask(ModelTask):
             d.corpus, s, d.data_dir, manual_dir=d.manual_dir)[0]
     except (FileNotFoundError, ValueError, KeyError) as e:
       raise ConfigError(f"data.corpus={d.corpus!r}: {e}") from None
-    cutoff = d.get("train_sentence_cutoff")
+    cutoff = check_int("data.train_sentence_cutoff",
+                       d.get("train_sentence_cutoff"), 1, optional=True,
+                       error=ConfigError)
     if cutoff is not None:  # Renganathan & Singh 6.1: partial training lines
-      if isinstance(cutoff, bool) or not isinstance(cutoff, int) \
-          or cutoff < 1:
-        raise ConfigError(f"data.train_sentence_cutoff must be an int >= 1 "
-                          f"(or None), got {cutoff!r}")
       self.split_ids["train"], self.num_cut = batching.cut_stream_sentences(
           self.split_ids["train"], self.vocab.eos_id, cutoff)
     self.split_ids = _token_prefixes(self.split_ids, d)

@@ -1,0 +1,60 @@
+"""Argument checks shared by every sorjax module; each error names its input.
+
+`where` is the input as its user wrote it: "Vocab.build: min_count",
+"data.seq_len", "--replicas". Errors read "{where} must be ..., got {value!r}"
+and are ValueErrors unless `error` says otherwise (the configs raise their
+ConfigError). A bool is never a number here: True would pass as 1.
+"""
+
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable
+
+import numpy as np
+
+
+def _is_bool(value: Any) -> bool:
+  return isinstance(value, (bool, np.bool_))
+
+
+def check_int(where: str, value: Any, minimum: int = 0, *,
+              optional: bool = False, error: type = ValueError,
+              type_error: type | None = None) -> int | None:
+  """`value` as an int >= minimum (Python or NumPy ints; None with
+  `optional`), else `error` naming `where` (`type_error`, if given, when
+  `value` is no int at all)."""
+  v = check_number(where, value, f">= {minimum}", lambda v: v >= minimum,
+                   integer=True, optional=optional, error=error,
+                   type_error=type_error)
+  return None if v is None else int(v)
+
+
+def check_number(where: str, value: Any, rule: str = "",
+                 ok: Callable[[Any], bool] = lambda v: True, *,
+                 integer: bool = False, optional: bool = False,
+                 error: type = ValueError, type_error: type | None = None):
+  """`value` unchanged if it is a finite number (an int with `integer`; None
+  with `optional`) for which ok(value) holds, else `error` naming `where`
+  (`type_error`, if given, when `value` is no such number at all); `rule`
+  says what ok checks, e.g. "> 0" or "in (0, 1]"."""
+  if value is None and optional:
+    return None
+  kind = numbers.Integral if integer else numbers.Real
+  is_kind = not _is_bool(value) and isinstance(value, kind)
+  if not is_kind or not (integer or math.isfinite(value)) or not ok(value):
+    what = "an int" if integer else "a finite number"
+    none = "None or " if optional else ""
+    rule = f" {rule}" if rule else ""
+    raise (error if is_kind else type_error or error)(
+        f"{where} must be {none}{what}{rule}, got {value!r}")
+  return value
+
+
+def check_bool(where: str, value: Any, *, error: type = TypeError) -> bool:
+  """`value` if a bool (a "no" string is truthy), else `error` naming
+  `where`."""
+  if not _is_bool(value):
+    raise error(f"{where} must be a bool, got {value!r}")
+  return bool(value)
