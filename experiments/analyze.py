@@ -24,7 +24,8 @@ flags.DEFINE_string("workdir", None, "The run's work directory.")
 flags.DEFINE_list("analyses", None, "Comma-separated analyses to run "
                   "('help' lists them).")
 flags.DEFINE_string("step", "best", "Checkpoint: best, latest or a step.")
-flags.DEFINE_integer("replica", 0, "Which replica's params to analyse.")
+flags.DEFINE_integer("replica", 0, "Which replica's params to analyse "
+                     "(of --workdir's run; --compare's is its replica 0).")
 flags.DEFINE_string("compare", None, "A second run's work directory "
                     "(frequency, minimal_pairs, token_losses, perplexity).")
 flags.DEFINE_string("compare_step", "best", "The second run's checkpoint.")
@@ -66,6 +67,18 @@ def _step(value: str):
   return int(value) if value.lstrip("-").isdigit() else value
 
 
+def _restore_compared(compare: str):
+  """--compare's run at --compare_step; its errors name those flags."""
+  import sorjax
+  from sorjax.analysis.common import AnalysisError
+  try:
+    return sorjax.restore(compare, _step(FLAGS.compare_step))
+  except (ValueError, OSError, KeyError) as e:
+    raise AnalysisError(f"--compare={FLAGS.compare} "
+                        f"(--compare_step={FLAGS.compare_step}): {e}"
+                        ) from None
+
+
 def _given() -> list[str]:
   given = [f for f in OPTION_FLAGS if FLAGS[f].present]
   if "compare_step" in given and not FLAGS.compare:
@@ -89,13 +102,16 @@ def main(argv):
 
   import sorjax
   from sorjax.analysis.common import AnalysisError
+  # ~ as a shell expands it (it does not after --workdir=)
+  workdir = os.path.expanduser(FLAGS.workdir)
+  compare = FLAGS.compare and os.path.expanduser(FLAGS.compare)
   try:
-    run = sorjax.restore(FLAGS.workdir, _step(FLAGS.step), FLAGS.replica)
-    other = (sorjax.restore(FLAGS.compare, _step(FLAGS.compare_step))
-             if FLAGS.compare else None)
+    analyses = runner.analysis_names(FLAGS.analyses)  # before any restore
+    run = sorjax.restore(workdir, _step(FLAGS.step), FLAGS.replica)
+    other = _restore_compared(compare) if compare else None
     labels = tuple(FLAGS.labels or (
-        os.path.basename(os.path.normpath(FLAGS.workdir)),
-        os.path.basename(os.path.normpath(FLAGS.compare or "other"))))
+        os.path.basename(os.path.normpath(workdir)),
+        os.path.basename(os.path.normpath(compare or "other"))))
     if len(labels) != 2:
       raise AnalysisError(f"--labels needs two names, got {list(labels)}")
     options = runner.Options(
@@ -106,8 +122,7 @@ def main(argv):
         max_tokens=FLAGS.max_tokens, max_sequences=FLAGS.max_sequences,
         max_trees=FLAGS.max_trees, position=FLAGS.position,
         data_dir=FLAGS.data_dir)
-    written = runner.run_analyses(run, FLAGS.analyses, FLAGS.out, options,
-                                  given)
+    written = runner.run_analyses(run, analyses, FLAGS.out, options, given)
   except (AnalysisError, ValueError, OSError, KeyError) as e:
     logging.error("analysis error: %s", e)
     sys.exit(f"analysis error: {e}")

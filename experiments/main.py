@@ -7,6 +7,7 @@ Rerunning the same command resumes from the work directory's latest
 checkpoint.
 """
 
+import os
 import sys
 
 import jax
@@ -90,7 +91,8 @@ def main(argv):
   train.prepare_process(FLAGS.host_malloc, FLAGS.small_loops,
                         FLAGS.cpu_devices)
   try:
-    train.train_and_evaluate(FLAGS.config, FLAGS.workdir)
+    # ~ as a shell expands it (it does not after --workdir=)
+    train.train_and_evaluate(FLAGS.config, os.path.expanduser(FLAGS.workdir))
   except ConfigError as e:
     logging.error("config error: %s", e)
     sys.exit(f"config error: {e}")

@@ -30,7 +30,7 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from sorjax.checks import check_int
+from sorjax.checks import check_int, output_dir_problem
 from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
 
@@ -765,6 +765,14 @@ def reproduce(item: str, workdir: str, scale: str = "cpu",
   if scale not in ("cpu", "micro"):
     raise ReproduceError(f"--scale must be cpu or micro, got {scale!r}")
   check_int("--replicas", replicas, 1, error=ReproduceError)
+  # ~ as a shell expands it (it does not after --workdir=); both folders
+  # are checked before hours of training
+  workdir = os.path.expanduser(workdir)
+  figures = os.path.expanduser(figures) if figures else None
+  for flag, path in (("--workdir", workdir), ("--figures", figures)):
+    problem = None if path is None else output_dir_problem(path)
+    if problem is not None:
+      raise ReproduceError(f"{flag}={path}: {problem}")
   num, fn = ITEMS[name]
   ctx = Context(os.path.join(workdir, name), scale, replicas)
   os.makedirs(ctx.root, exist_ok=True)

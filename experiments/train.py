@@ -15,7 +15,7 @@ from absl import logging
 from sorjax import host_memory, small_loops, xla_flags
 from sorjax.training.loop import Trainer
 from sorjax.training.tasks import make_task
-from sorjax.checks import check_int, check_number
+from sorjax.checks import check_int, check_number, output_dir_problem
 from sorjax.training.tasks.common import ConfigError, check_ints
 
 
@@ -153,8 +153,9 @@ def bad_path(argv) -> str | None:
   ml_collections defers a missing file to a later traceback, or reports a
   variant given to a config without one as get_config's TypeError."""
   workdir = argument(argv, "workdir")
-  if workdir and os.path.exists(workdir) and not os.path.isdir(workdir):
-    return f"flag --workdir={workdir}: a file, not a directory"
+  problem = None if workdir is None else output_dir_problem(workdir)
+  if problem is not None:
+    return f"flag --workdir={workdir}: {problem}"
   spec = argument(argv, "config")
   if not spec:
     return None

@@ -9,6 +9,7 @@ ConfigError). A bool is never a number here: True would pass as 1.
 from __future__ import annotations
 
 import math
+import os
 import numbers
 from typing import Any, Callable
 
@@ -58,3 +59,19 @@ def check_bool(where: str, value: Any, *, error: type = TypeError) -> bool:
   if not _is_bool(value):
     raise error(f"{where} must be a bool, got {value!r}")
   return bool(value)
+
+
+def output_dir_problem(path: str) -> str | None:
+  """Why `path` (after ~ expansion) cannot be, or be made, a directory to
+  write into: empty, a file on the way, or an existing folder on the way
+  that is not writable; None when it can."""
+  if not path:
+    return "empty"
+  probe = os.path.abspath(os.path.expanduser(path))
+  while not os.path.exists(probe) and os.path.dirname(probe) != probe:
+    probe = os.path.dirname(probe)
+  if not os.path.isdir(probe):
+    return f"{probe} is a file, not a directory"
+  if not os.access(probe, os.W_OK | os.X_OK):
+    return f"{probe} is not writable"
+  return None

@@ -19,6 +19,7 @@ import numpy as np
 from matplotlib.figure import Figure
 
 from sorjax import cells as cells_lib
+from sorjax import checks
 
 FORGET_GATE_CELLS = ("lstm", "mts_lstm")
 MULTI_CELL_LSTMS = ("attention_lstm", "assignment_lstm")
@@ -144,9 +145,11 @@ class CheckpointReader:
 
 def output_dir(run, out: str | None = None) -> str:
   """`out`, or RUN/analysis; created."""
-  path = out or os.path.join(run.workdir, "analysis")
-  if os.path.exists(path) and not os.path.isdir(path):
-    raise AnalysisError(f"--out {path} is a file, not a directory")
+  path = os.path.expanduser(out) if out else os.path.join(run.workdir,
+                                                          "analysis")
+  problem = checks.output_dir_problem(path)
+  if problem is not None:
+    raise AnalysisError(f"--out {path}: {problem}")
   try:
     os.makedirs(path, exist_ok=True)
   except OSError as e:

@@ -424,14 +424,17 @@ def _source(name, run, o) -> dict:
   return src
 
 
-def _names(analyses) -> list[str]:
+def analysis_names(analyses) -> list[str]:
+  """The names in `analyses` (a list, or one comma-separated string),
+  each one of ANALYSES; an AnalysisError naming the unknown ones or
+  saying none was given."""
   analyses = [a.strip() for a in (analyses.split(",") if isinstance(
       analyses, str) else analyses) if a.strip()]
   unknown = [a for a in analyses if a not in ANALYSES]
   if unknown or not analyses:
-    raise AnalysisError(f"unknown analyses {unknown}; known: "
-                        f"{', '.join(ANALYSES)}" if unknown else
-                        "no analysis named")
+    raise AnalysisError(
+        (f"unknown analyses {unknown}" if unknown else "analyses: none "
+         "given") + f"; known: {', '.join(ANALYSES)}")
   return analyses
 
 
@@ -443,7 +446,7 @@ def run_analyses(run, analyses, out: str | None = None,
   `given`: the options (flag names) the caller set, default those not at
   their defaults — each must be read by one of the analyses. Every
   analysis is checked before any writes a file."""
-  analyses = _names(analyses)
+  analyses = analysis_names(analyses)
   o = options or Options(**kwargs)
   prepared = check(run, analyses, o, given)
   out = output_dir(run, out)

@@ -224,6 +224,28 @@ def test_the_cli_checks_every_analysis_before_writing(lm_run, tmp_path):
   assert not out.exists()
 
 
+def test_the_cli_names_analyses_and_compare_before_restoring(dyck_run,
+                                                            tmp_path):
+  """Unknown analyses were named only after a restore (or hidden by its
+  error); --compare's missing checkpoint was blamed on the run, not on
+  --compare / --compare_step."""
+  def analyze(*args):
+    return subprocess.run([sys.executable, "-m", "experiments.analyze",
+                           *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+  res = analyze(f"--workdir={tmp_path}", "--analyses=foo,ldpa")
+  assert res.returncode == 1
+  assert "analysis error: unknown analyses ['foo']; known: " in res.stderr
+  res = analyze(f"--workdir={tmp_path}", "--analyses=,")
+  assert "analysis error: analyses: none given; known: " in res.stderr
+  none = tmp_path / "none"
+  res = analyze(f"--workdir={dyck_run}", "--analyses=perplexity",
+                f"--compare={none}", "--compare_step=latest")
+  assert res.returncode == 1
+  assert (f"analysis error: --compare={none} (--compare_step=latest): "
+          in res.stderr), res.stderr[-2000:]
+
+
 def test_compare_gets_the_same_temperature_and_the_source_is_recorded(
     lm_run, tmp_path):
   run = sorjax.restore(lm_run)

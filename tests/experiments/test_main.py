@@ -38,7 +38,13 @@ def test_bad_config_file_variant_and_workdir_are_named(tmp_path):
   afile = tmp_path / "afile"
   afile.write_text("")
   assert launcher.bad_path(argv(CONFIG, afile)) == (
-      f"flag --workdir={afile}: a file, not a directory")
+      f"flag --workdir={afile}: {afile} is a file, not a directory")
+  # a file further up (os.makedirs' NotADirectoryError), and an empty flag
+  # (os.makedirs('')'s FileNotFoundError)
+  assert launcher.bad_path(argv(CONFIG, afile / "sub" / "run")) == (
+      f"flag --workdir={afile / 'sub' / 'run'}: {afile} is a file, not a "
+      f"directory")
+  assert launcher.bad_path(argv(CONFIG, "")) == "flag --workdir=: empty"
   for good in (argv(CONFIG, tmp_path / "new"), argv(LIN + ":lstm,m4", tmp_path),
                ["main"]):
     assert launcher.bad_path(good) is None

@@ -87,6 +87,24 @@ def test_bad_items_and_options_are_named(tmp_path):
     reproduce.train(ctx, "x", "renganathan_dyck", "m4", {"data.nope": 1})
 
 
+def test_bad_folders_are_named_before_training(tmp_path, monkeypatch):
+  """A --figures file failed after all the training and analyses; a
+  --workdir below a file in os.makedirs; ~ after --workdir= (which no shell
+  expands) made a folder named '~'."""
+  afile = tmp_path / "afile"
+  afile.write_text("")
+  monkeypatch.setenv("HOME", str(tmp_path))
+  with pytest.raises(reproduce.ReproduceError, match=(
+      f"^--workdir={tmp_path}/afile/runs: {tmp_path}/afile is a file, not "
+      f"a directory$")):
+    reproduce.reproduce("1", "~/afile/runs", scale="micro")
+  with pytest.raises(reproduce.ReproduceError, match=(
+      f"^--figures={afile}: {afile} is a file, not a directory$")):
+    reproduce.reproduce("1", str(tmp_path / "w"), scale="micro",
+                        figures="~/afile")
+  assert not (tmp_path / "w").exists()
+
+
 def test_item_1_runs_at_micro_scale(tmp_path):
   figs = tmp_path / "figs"
   s = reproduce.reproduce("1", str(tmp_path / "runs"), scale="micro",
