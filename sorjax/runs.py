@@ -145,6 +145,14 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   if not os.path.exists(path):
     raise FileNotFoundError(f"{path} not found: {workdir} is not a sorjax "
                             "run directory (no resolved config)")
+  raw = read_config_json(path)
+  _check_sections(path, raw)
+  return ml_collections.ConfigDict(raw)
+
+
+def read_config_json(path: str) -> dict:
+  """A run's config.json as a dict; a ValueError naming the file and what
+  is wrong with it (not a file, not JSON, not an object)."""
   if not os.path.isfile(path):
     raise ValueError(f"{path} is not a file")
   try:
@@ -155,17 +163,16 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
                      f"{e.colno}: {e.msg})") from None
   except (OSError, UnicodeDecodeError) as e:
     raise ValueError(f"{path} cannot be read ({e})") from None
-  _check_sections(path, raw)
-  return ml_collections.ConfigDict(raw)
-
-
-def _check_sections(path: str, raw) -> None:
-  """Every top-level section of `base_config()` (plus task, model, data)
-  is present, sections as objects and task a name."""
-  from sorjax.training.config import base_config
   if not isinstance(raw, dict):
     raise ValueError(f"{path} must hold a JSON object, got "
                      f"{type(raw).__name__}")
+  return raw
+
+
+def _check_sections(path: str, raw: dict) -> None:
+  """Every top-level section of `base_config()` (plus task, model, data)
+  is present, sections as objects and task a name."""
+  from sorjax.training.config import base_config
   base = base_config()
   sections = [k for k in base if isinstance(base[k],
                                             ml_collections.ConfigDict)]

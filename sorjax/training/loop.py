@@ -101,16 +101,16 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer) -> None:
   differs from the one they were trained with (its config.json, or the
   latest checkpoint's copy when that file is gone), naming the fields;
   ConfigError before anything is written."""
+  from sorjax.runs import read_config_json
   from sorjax.training.tasks.common import ConfigError
   path = os.path.join(workdir, "config.json")
   if os.path.exists(path):
     try:
-      with open(path) as f:
-        saved = json.load(f)
-    except (OSError, ValueError) as e:
-      raise ConfigError(f"{path}: cannot read the config this run was "
-                        f"trained with ({e}); its checkpoints cannot be "
-                        "resumed safely") from None
+      saved = read_config_json(path)
+    except ValueError as e:
+      raise ConfigError(f"cannot read the config this run was trained with: "
+                        f"{e}; its checkpoints cannot be resumed safely"
+                        ) from None
   else:
     step, meta = ckpt.restore_meta("latest")
     path = os.path.join(workdir, "checkpoints", str(step))

@@ -176,6 +176,15 @@ def test_rerun_with_another_config_is_refused_before_anything_is_written(
       "optim.learning_rate: 0.05 -> 0.5; seed: 0 -> 3 (saved -> given)")):
     Trainer(ToyTask(), config, str(tmp_path)).run()
   assert (tmp_path / "config.json").read_text() == saved
+  # A damaged config.json: named, nothing resumed or rewritten.
+  for damaged, what in (('{"seed": ', "is not valid JSON (line 1"),
+                        ("[1, 2]", "must hold a JSON object, got list")):
+    (tmp_path / "config.json").write_text(damaged)
+    with pytest.raises(ConfigError, match=re.escape(
+        f"cannot read the config this run was trained with: "
+        f"{tmp_path / 'config.json'} {what}")):
+      Trainer(ToyTask(), toy_config(max_steps=4), str(tmp_path)).run()
+    assert (tmp_path / "config.json").read_text() == damaged
   # Without config.json, the latest checkpoint's copy of the config.
   (tmp_path / "config.json").unlink()
   with pytest.raises(ConfigError, match=r"checkpoints/4\): optim"):
