@@ -96,9 +96,8 @@ def main(argv):
   except ConfigError as e:
     logging.error("config error: %s", e)
     sys.exit(f"config error: {e}")
-  except Interrupted as e:  # the step is saved: no traceback
-    logging.warning("%s", e)
-    sys.exit(e.exit_code)
+  except Interrupted as e:
+    e.exit()
 
 
 if __name__ == "__main__":

@@ -818,9 +818,8 @@ def main(argv):
                   FLAGS.figures)
   except (ReproduceError, ConfigError) as e:
     sys.exit(f"reproduce error: {e}")
-  except Interrupted as e:  # the step is saved: no traceback
-    logging.warning("%s", e)
-    sys.exit(e.exit_code)
+  except Interrupted as e:
+    e.exit()
   print(json.dumps({k: s[k] for k in ("item", "name", "scale",
                                       "train_wall_s")}))
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 import contextlib
 import signal
+import sys
 import threading
+
+from absl import logging
 
 SIGNALS = (signal.SIGINT, signal.SIGTERM)
 
@@ -22,6 +25,12 @@ class Interrupted(KeyboardInterrupt):
   @property
   def exit_code(self) -> int:  # the shell's 128 + signal number
     return 128 + self.signum
+
+  def exit(self):
+    """What a launcher does with it: the message logged, no traceback (the
+    step is saved), and the shell's exit status for the signal."""
+    logging.warning("%s", self)
+    sys.exit(self.exit_code)
 
 
 @contextlib.contextmanager
