@@ -40,6 +40,7 @@ parameters, inputs and gradients.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import datetime
 import importlib.util
@@ -47,15 +48,17 @@ import json
 import os
 import platform
 import queue
+import signal
 import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 from pathlib import Path
 from typing import Callable, Iterable
 
-from benchmarks import flops, peak, placement, specs
+from benchmarks import flags, flops, peak, placement, specs
 
 # The worker of contenders timed with sorjax.small_loops.compile_whole().
 SMALL_LOOPS = "jax_small_loops"
@@ -358,9 +361,14 @@ class Bench:
     self.groups: list["Group"] = []
     self.prober = placement.Prober()
 
-  def close(self):
+  def close(self, kill: bool = False):
+    """kill: end the workers now (an interrupted run), not once they
+    answer their current request."""
     for w in self.workers.values():
-      w.close()
+      if kill:
+        w.kill()
+      else:
+        w.close()
     self.prober.close()
 
   def _call(self, c: Contender, timeout: float, **msg) -> dict | None:
@@ -1089,18 +1097,24 @@ def parse_args(argv=None):
                   help=f"comma-separated subset of {','.join(SECTIONS)}")
   ap.add_argument("--cells", default=None,
                   help="comma-separated cells for the 'cells' and 'fused' "
-                       "sections")
-  ap.add_argument("--rounds", type=int, default=None)
-  ap.add_argument("--warmup-rounds", type=int, default=None,
+                       "sections (fused runs those with a split step); "
+                       "refused if a requested section runs none of them or "
+                       "one of them would run in no requested section")
+  ap.add_argument("--rounds", type=flags.at_least(1), default=None)
+  ap.add_argument("--warmup-rounds", type=flags.at_least(0), default=None,
                   help="untimed rounds before them (default 1)")
-  ap.add_argument("--min-round-seconds", type=float, default=None)
-  ap.add_argument("--mem-budget-gb", type=float, default=4.0,
+  ap.add_argument("--min-round-seconds", default=None,
+                  type=flags.number(">= 0", lambda v: v >= 0),
+                  help="least seconds per timing (0: one step); below the "
+                       "profile's worker timeout")
+  ap.add_argument("--mem-budget-gb", default=4.0,
+                  type=flags.number("> 0", lambda v: v > 0),
                   help="largest naive step to execute (default 4 GB)")
   ap.add_argument("--clock", choices=("wall", "cpu"), default="wall",
                   help="wall time (default) or the worker's CPU time (all "
                        "threads; steadier on a loaded machine, but counts "
                        "spinning threads as work)")
-  ap.add_argument("--torch-threads", type=int, default=0,
+  ap.add_argument("--torch-threads", type=flags.at_least(0), default=0,
                   help="torch intra-op threads (default: the cores)")
   ap.add_argument("--no-torch", action="store_true",
                   help="measure JAX contenders only")
@@ -1118,54 +1132,122 @@ def parse_args(argv=None):
   ap.add_argument("--out", default=None,
                   help="markdown report (default a new file "
                        "benchmarks/reports/<UTC time>-<profile>.md, so the "
-                       "curated benchmarks/RESULTS.md is never overwritten; "
-                       "'-' for none)")
-  ap.add_argument("--json", default=None, help="raw measurements as JSON")
+                       "curated benchmarks/RESULTS.md is never overwritten: "
+                       "it is refused here; '-' for none)")
+  ap.add_argument("--json", default=None,
+                  help="raw measurements as JSON (default none; '-' for "
+                       "none too)")
   args = ap.parse_args(argv)
-  sections = [s.strip() for s in args.sections.split(",") if s.strip()]
+  # every check before anything is made: folders are made when written
+  sections = list(dict.fromkeys(  # each once, in the order given
+      s.strip() for s in args.sections.split(",") if s.strip()))
   bad = [s for s in sections if s not in SECTIONS]
-  if bad:
-    ap.error(f"--sections: unknown {bad}; choose from {','.join(SECTIONS)}")
+  if bad or not sections:
+    ap.error(f"--sections: {f'unknown {bad}' if bad else 'none given'}; "
+             f"choose from {','.join(SECTIONS)}")
   args.section_list = sections
+  timeout = PROFILES["smoke" if args.smoke else "quick" if args.quick
+                     else "full"].timeout_s
+  if args.min_round_seconds is not None and args.min_round_seconds >= timeout:
+    ap.error(f"--min-round-seconds: {args.min_round_seconds:g} s is not "
+             f"below the workers' {timeout:g} s reply timeout")
+  if args.cells is not None:
+    args.cells = list(dict.fromkeys(
+        c.strip() for c in args.cells.split(",") if c.strip()))
+    unknown = [c for c in args.cells if c not in _ALL]
+    if unknown or not args.cells:
+      ap.error(f"--cells: unknown {unknown or args.cells}; choose from "
+               f"{','.join(_ALL)}")
+    problem = _cells_unused(args.cells, sections)
+    if problem:
+      ap.error(f"--cells: {problem}")
+  args.json = None if args.json == "-" else args.json
+  paths = {}
   for flag, path in (("--out", args.out), ("--json", args.json)):
     if path not in (None, "-"):
       problem = _unwritable(Path(path))
       if problem:  # found now, not after the first group's minutes
         ap.error(f"{flag} {path}: {problem}")
-  if args.cells is not None:
-    args.cells = [c.strip() for c in args.cells.split(",") if c.strip()]
-    unknown = [c for c in args.cells if c not in _ALL]
-    if unknown or not args.cells:
-      ap.error(f"--cells: unknown {unknown or args.cells}; choose from "
-               f"{','.join(_ALL)}")
+      paths[flag] = Path(path).resolve()
+  if len(paths) == 2 and paths["--out"] == paths["--json"]:
+    ap.error(f"--json {args.json}: the same file as --out {args.out}; "
+             f"give them different files")
   return args
 
 
+# The sections that take --cells, and which of the cells each runs.
+CELL_SECTIONS = {"cells": _ALL, "fused": specs.SPLIT}
+
+
+def _cells_unused(cells: list, sections: list) -> str | None:
+  """Why --cells `cells` would be ignored by `sections`, in whole or in
+  part, or None."""
+  takers = [s for s in sections if s in CELL_SECTIONS]
+  if not takers:
+    return (f"only the sections {' and '.join(CELL_SECTIONS)} take cells, "
+            f"and --sections {','.join(sections)} has neither")
+  takes = ("; fused takes the cells with a split step: "
+           f"{','.join(specs.SPLIT)}")
+  for s in takers:
+    if not any(c in CELL_SECTIONS[s] for c in cells):
+      return f"section {s} runs none of {','.join(cells)}{takes}"
+  unused = [c for c in cells
+            if not any(c in CELL_SECTIONS[s] for s in takers)]
+  if unused:
+    return (f"no section of --sections {','.join(sections)} runs "
+            f"{','.join(unused)}{takes}")
+  return None
+
+
 def _unwritable(path: Path) -> str | None:
-  """Why a report could not be written at `path`, or None."""
-  if path.is_dir():
-    return "is a directory"
+  """Why a report could not be written at `path`, or None. Makes nothing:
+  a file or folder made to try is removed."""
   try:
-    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.resolve() == (ROOT / "benchmarks" / "RESULTS.md").resolve():
+      return ("the curated results are never overwritten; write elsewhere "
+              "and merge by hand")
+    if path.is_dir():
+      return "is a directory"
+    top = path.parent  # the nearest folder that exists
+    while not top.exists():
+      top = top.parent
+    if not top.is_dir():
+      return f"its folder cannot be made ({top} is a file)"
+    if top == path.parent:
+      if path.exists():  # writable, not truncated (nor a FIFO waited on)
+        os.close(os.open(path, os.O_WRONLY | os.O_APPEND | os.O_NONBLOCK))
+      else:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL))
+        path.unlink()
+    else:
+      made = path.parent.relative_to(top).parts
+      longest = os.pathconf(top, "PC_NAME_MAX")
+      if any(len(os.fsencode(p)) > longest for p in made + (path.name,)):
+        return f"a name in it is longer than {longest} bytes"
+      os.rmdir(tempfile.mkdtemp(dir=top))
   except OSError as e:
-    return f"its folder cannot be made ({e.strerror})"
-  if not os.access(path.parent, os.W_OK):
-    return f"its folder {path.parent} is not writable"
+    return f"cannot be written ({e.strerror or e})"
   return None
 
 
 def main(argv=None) -> int:
   args = parse_args(argv)
+  try:
+    return run_args(args, argv)
+  except KeyboardInterrupt:  # before the first section: nothing to keep
+    _note("interrupted (Ctrl-C) before the first section; nothing written")
+    return 130
+
+
+def run_args(args, argv=None) -> int:
+  """The run of parsed `args`: 0, 1 if a contender failed or a report could
+  not be written, 130 if interrupted (what finished is written)."""
   name = "smoke" if args.smoke else "quick" if args.quick else "full"
   profile = PROFILES[name]
   over = {}
   if args.rounds is not None:
-    if args.rounds < 1:
-      raise SystemExit("--rounds must be >= 1")
     over["rounds"] = args.rounds
   if args.warmup_rounds is not None:
-    if args.warmup_rounds < 0:
-      raise SystemExit("--warmup-rounds must be >= 0")
     over["warmup_rounds"] = args.warmup_rounds
   if args.min_round_seconds is not None:
     over["min_round_s"] = args.min_round_seconds
@@ -1177,6 +1259,9 @@ def main(argv=None) -> int:
   stamp = datetime.datetime.now(datetime.timezone.utc)
   out = (ROOT / "benchmarks" / "reports" / f"{stamp:%Y%m%d-%H%M%S}-{name}.md"
          if args.out is None else None if args.out == "-" else Path(args.out))
+  problem = args.out is None and _unwritable(out)
+  if problem:  # --out's default, checked as parse_args checks a given one
+    raise SystemExit(f"--out (default {out}): {problem}")
   log = Path(os.environ.get("TMPDIR", "/tmp")) / f"sorjax-bench-{os.getpid()}.log"
 
   cmd = "python -m benchmarks.run" + ("" if argv is None and len(sys.argv) < 2
@@ -1208,27 +1293,73 @@ def main(argv=None) -> int:
           + f"- worker log: {log}")
   rep = Report()
   rep.add(head)
-  if args.torch_threads < 0:
-    raise SystemExit("--torch-threads must be >= 0")
   if args.torch_threads:
     os.environ["SORJAX_BENCH_TORCH_THREADS"] = str(args.torch_threads)
   bench = Bench(args, profile, torch_ok, log, worker_env)
   t0 = time.perf_counter()
+  failed_writes, stopped, current, interrupted = set(), None, None, False
+
+  def write(final):
+    _write(out, rep, args, bench, load0, t0, final, failed_writes, stopped)
+
   try:
     for s in args.section_list:
       _note(f"[{time.perf_counter() - t0:7.1f}s] section {s} "
             f"(load {loadavg()})")
+      n0, current = len(bench.groups), s
       RUNNERS[s](bench, rep)
-      _write(out, rep, args, bench, load0, started, t0, final=False)
+      current = None
+      write(final=False)
+      if failed_writes:  # stop now, not after hours of unwritable results
+        stopped = (f"stopped after section {s}: "
+                   f"{' and '.join(sorted(failed_writes))} not written")
+        break
+  except KeyboardInterrupt:
+    interrupted = True
   finally:
-    bench.close()
-  _write(out, rep, args, bench, load0, started, t0, final=True)
+    with sigint_ignored():  # a second Ctrl-C must not cut the writing short
+      bench.close(kill=interrupted)
+  with sigint_ignored():
+    if interrupted:
+      stopped = "interrupted (Ctrl-C)" + (f" during section {current}"
+                                          if current else "")
+      if current and len(bench.groups) > n0:
+        rep.add(unreported_text(bench.groups, n0, current))
+    write(final=True)
+  if stopped:
+    kept = [f"{f} {p}" for f, p in (("--out", out), ("--json", args.json))
+            if p is not None and f not in failed_writes]
+    _note(f"{stopped}; what finished is in "
+          f"{', '.join(kept) or 'no file (stdout only)'}")
   failed = errors(c for g in bench.groups for c in g.rooflines + g.contenders)
   if failed:  # the report lists them too; a script sees the exit status
     _note(f"{len(failed)} contender(s) failed (worker log: {log}):\n"
           + "\n".join(failed))
-    return 1
-  return 0
+  return 130 if interrupted else 1 if failed or failed_writes else 0
+
+
+@contextlib.contextmanager
+def sigint_ignored():
+  """Ctrl-C ignored meanwhile (a handler is the main thread's to set)."""
+  if threading.current_thread() is not threading.main_thread():
+    yield
+    return
+  before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, before)
+
+
+def unreported_text(groups: list["Group"], n0: int, section: str) -> str:
+  """The groups from number n0 + 1 on, which an interrupted section timed
+  but had not tabled yet: each contender's tokens/s and peak memory."""
+  rows = [[str(i), c.label, f_rate(c), f_mb(c.peak_mb)]
+          for i, g in enumerate(groups[n0:], n0 + 1) for c in g.contenders]
+  return (f"### Groups of section {section} finished before the interrupt"
+          f"\n\nNot yet in the section's tables (groups numbered as they "
+          f"ran; their raw measurements are in the JSON, if asked for).\n\n"
+          + table(["group", "contender", "tokens/s", "peak memory"], rows))
 
 
 def pooled(groups: Iterable["Group"], ours: Contender, peer: Contender
@@ -1402,9 +1533,12 @@ def placement_text(groups: Iterable["Group"], error: str | None) -> str:
        "tokens/s apart", "apart vs near"], rows)
 
 
-def _write(out, rep, args, bench, load0, started, t0, final):
-  tail = (f"\n\n---\nLoad average at end: {loadavg()} (start: {load0}); "
-          f"wall time {time.perf_counter() - t0:.0f} s."
+def _write(out, rep, args, bench, load0, t0, final, failed, stopped=None):
+  """Writes the JSON, then the report, each on its own: one that fails is
+  noted (naming its flag), added to `failed` and not tried again."""
+  tail = (f"\n\n---\n{f'**Run {stopped}.** ' if stopped else ''}Load "
+          f"average at end: {loadavg()} (start: {load0}); wall time "
+          f"{time.perf_counter() - t0:.0f} s."
           if final else "\n\n---\n(partial: run in progress)")
   targets = targets_text(rep, bench.groups)
   text = "\n\n".join(rep.parts[:1] + [targets] + rep.parts[1:]
@@ -1413,11 +1547,18 @@ def _write(out, rep, args, bench, load0, started, t0, final):
                      ) + tail
   if final:
     print(targets + tail, flush=True)
-  if out is not None:
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(text + "\n")
-  if args.json:
-    Path(args.json).write_text(json.dumps(bench.raw, indent=1, default=str))
+  for flag, path, content in (
+      ("--json", args.json and Path(args.json),
+       lambda: json.dumps(bench.raw, indent=1, default=str)),
+      ("--out", out, lambda: text + "\n")):
+    if path is None or flag in failed:
+      continue
+    try:
+      path.parent.mkdir(parents=True, exist_ok=True)
+      path.write_text(content())
+    except OSError as e:
+      failed.add(flag)
+      _note(f"{flag} {path}: not written ({e.strerror or e})")
 
 
 if __name__ == "__main__":

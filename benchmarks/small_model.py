@@ -58,7 +58,7 @@ import sorjax
 from sorjax import cells, small_loops
 from sorjax.cells.base import LSTMCarry
 from sorjax.cells.lstm import LSTM
-from benchmarks import replica_lanes
+from benchmarks import flags, replica_lanes
 from benchmarks.jax_worker import JaxCase
 from sorjax.fused_lstm import lstm_layer, lstm_scan
 from sorjax.layer_scan import scan_prefetch
@@ -93,6 +93,9 @@ class Case:
     return clock() - t0
 
 
+TORCH_TIMEOUT_S = 600  # the torch worker's reply, e.g. a timing
+
+
 class TorchLSTM:
   """torch.nn.LSTM in its own worker process, one thread."""
   label = "torch.nn.LSTM"
@@ -108,7 +111,7 @@ class TorchLSTM:
       raise RuntimeError(rep.get("error"))
 
   def time(self, n):
-    rep = self.w.request(600, cmd="time", id="lstm", n=n)
+    rep = self.w.request(TORCH_TIMEOUT_S, cmd="time", id="lstm", n=n)
     return rep["cpu_seconds"]
 
   def close(self):
@@ -510,19 +513,23 @@ def shape_arg(ap, flag, text):
 
 def chosen_sections(ap, text, sections):
   """--sections' names, or the parser's error naming the unknown ones."""
-  chosen = text.split(",")
+  chosen = [s.strip() for s in text.split(",") if s.strip()]
   unknown = sorted(set(chosen) - set(sections))
-  if unknown:
-    ap.error(f"--sections: unknown {unknown}; choose from {sections}")
+  if unknown or not chosen:
+    ap.error(f"--sections: {f'unknown {unknown}' if unknown else 'none given'}"
+             f"; choose from {sections}")
   return [s for s in sections if s in chosen]
 
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--sections", default=",".join(SECTIONS))
-  ap.add_argument("--rounds", type=int, default=5)
-  ap.add_argument("--min-seconds", type=float, default=0.3)
-  ap.add_argument("--replicas", type=int, default=20)
+  ap.add_argument("--rounds", type=flags.at_least(1), default=5)
+  ap.add_argument("--min-seconds", default=0.3, type=flags.number(
+      f"in [0, {TORCH_TIMEOUT_S}) (torch's reply timeout)",
+      lambda v: 0 <= v < TORCH_TIMEOUT_S),
+                  help="least seconds per timing (default 0.3; 0: one step)")
+  ap.add_argument("--replicas", type=flags.at_least(1), default=20)
   ap.add_argument("--shape", default=f"{B},{T},{H}",
                   help="B,T,H of every section (D = H)")
   ap.add_argument("--path-shapes", default=";".join(

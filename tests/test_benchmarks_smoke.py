@@ -309,8 +309,6 @@ def test_warmup_rounds_are_timed_and_dropped(tmp_path, monkeypatch):
   assert b.rates == [10 / 6, 10 / 7, 10 / 10]
   assert [x["own"] for x in a.cores] == [1.0] * 3   # no worker ran: others 0
   assert [x["others"] for x in a.cores + b.cores] == [0.0] * 6
-  with pytest.raises(SystemExit, match="--warmup-rounds"):
-    run.main(["--smoke", "--warmup-rounds", "-1"])
 
 
 def test_cli_rejects_unknown_sections_and_cells(capsys):
@@ -332,9 +330,131 @@ def test_cli_rejects_report_paths_it_could_not_write(tmp_path, capsys):
       run.parse_args([flag, str(path)])
     err = capsys.readouterr().err
     assert f"{flag} {path}: " in err and why in err
+  # checked without making anything: the folder is made when written
   args = run.parse_args(["--out", str(tmp_path / "new" / "r.md"),
                          "--json", "-"])
-  assert (tmp_path / "new").is_dir() and args.out.endswith("r.md")
+  assert not (tmp_path / "new").exists() and args.out.endswith("r.md")
+  # '-' is no JSON, as it is no report for --out (not a file named '-')
+  assert args.json is None
+  long = "x" * 300
+  for path, why in (
+      (tmp_path / f"{long}.md", "cannot be written (File name too long)"),
+      (tmp_path / "new" / long / "r.md", "longer than"),
+      (run.ROOT / "benchmarks" / "RESULTS.md", "merge by hand"),
+      (run.ROOT / "benchmarks" / ".." / "benchmarks" / "RESULTS.md",
+       "merge by hand")):
+    with pytest.raises(SystemExit):
+      run.parse_args(["--out", str(path)])
+    err = capsys.readouterr().err
+    assert f"--out {path}: " in err and why in err
+  assert not (tmp_path / "new").exists()
+  if Path("/proc/self").is_dir():  # a folder no file can be made in
+    with pytest.raises(SystemExit):
+      run.parse_args(["--out", "/proc/r.md", "--json", str(tmp_path / "j")])
+    assert "--out /proc/r.md: cannot be written" in capsys.readouterr().err
+  with pytest.raises(SystemExit):  # one would overwrite the other
+    run.parse_args(["--out", str(tmp_path / "r.md"), "--json",
+                    str(tmp_path / "." / "r.md")])
+  assert "the same file as --out" in capsys.readouterr().err
+  assert list(tmp_path.iterdir()) == [afile]
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--rounds", "0"], "--rounds"),
+    (["--warmup-rounds", "-1"], "--warmup-rounds"),
+    (["--min-round-seconds", "nan"], "--min-round-seconds"),
+    (["--min-round-seconds", "inf"], "--min-round-seconds"),
+    (["--min-round-seconds", "-1"], "--min-round-seconds"),
+    (["--smoke", "--min-round-seconds", "300"], "--min-round-seconds"),
+    (["--mem-budget-gb", "nan"], "--mem-budget-gb"),
+    (["--mem-budget-gb", "-2"], "--mem-budget-gb"),
+    (["--torch-threads", "-1"], "--torch-threads"),
+    (["--sections", ","], "--sections: none given"),
+    (["--sections", ""], "--sections: none given"),
+    (["--sections", "fused", "--cells", "dyck_rnn"],
+     "--cells: section fused runs none of dyck_rnn"),
+    (["--sections", "cells,fused", "--cells", "dyck_rnn"],
+     "--cells: section fused runs none of dyck_rnn"),
+    (["--sections", "fused", "--cells", "lstm,dyck_rnn"],
+     "--cells: no section of --sections fused runs dyck_rnn"),
+    (["--sections", "lstm", "--cells", "mrnn"],
+     "--cells: only the sections cells and fused take cells"),
+])
+def test_cli_rejects_bad_values_before_making_anything(argv, flag, tmp_path,
+                                                       capsys):
+  with pytest.raises(SystemExit) as e:
+    run.parse_args(argv + ["--out", str(tmp_path / "new" / "r.md")])
+  assert e.value.code == 2 and flag in capsys.readouterr().err
+  assert not (tmp_path / "new").exists()
+
+
+def test_cli_runs_a_section_named_twice_once():
+  assert run.parse_args(["--sections", "lstm, lstm,gemm"]).section_list == [
+      "lstm", "gemm"]
+  assert run.parse_args(["--sections", "fused", "--cells", "lstm,lstm"]
+                        ).cells == ["lstm"]
+
+
+def _fake_sections(monkeypatch, interrupt=None, between=None):
+  """RUNNERS whose sections 'a' and 'b' each add a part and finish two
+  groups (no worker); `interrupt`: the section that is interrupted after
+  its first group; `between`: called after each section's groups."""
+  def section(name):
+    def runner(b, rep):
+      rep.add(f"## section {name}")
+      for k in range(2):
+        g = run.Group([], [_fake([100.0 + k])])
+        b.groups.append(g)
+        b.raw.append(g.as_json())
+        if name == interrupt:
+          raise KeyboardInterrupt
+      if between:
+        between(name)
+    return runner
+  monkeypatch.setattr(run, "RUNNERS", {"lstm": section("a"),
+                                       "gemm": section("b")})
+
+
+def test_an_interrupted_run_writes_what_finished_and_exits_130(
+    tmp_path, monkeypatch, capsys):
+  _fake_sections(monkeypatch, interrupt="b")
+  out, raw = tmp_path / "r.md", tmp_path / "r.json"
+  try:
+    code = run.main(["--smoke", "--no-torch", "--sections", "lstm,gemm",
+                     "--out", str(out), "--json", str(raw)])
+  except KeyboardInterrupt:
+    pytest.fail("run.main let the KeyboardInterrupt through")
+  assert code == 130
+  # section a's 2 groups and b's first, finished before the interrupt
+  assert len(json.loads(raw.read_text())) == 3
+  text = out.read_text()
+  assert "## section b" in text and "(partial: run in progress)" not in text
+  assert "### Groups of section gemm finished before the interrupt" in text
+  assert "| 3 | jax matmul 2^3 | 100 |" in text
+  assert "**Run interrupted (Ctrl-C) during section gemm.**" in text
+  err = capsys.readouterr().err
+  assert (f"interrupted (Ctrl-C) during section gemm; what finished is in "
+          f"--out {out}, --json {raw}") in err
+  assert "Traceback" not in err
+
+
+def test_a_report_that_cannot_be_written_loses_not_the_other(
+    tmp_path, monkeypatch, capsys):
+  """--out's folder turns into a file after the first section: the JSON is
+  still written, the run stops there and says which flag failed."""
+  out, raw = tmp_path / "sub" / "r.md", tmp_path / "r.json"
+
+  def break_out(name):
+    (tmp_path / "sub").write_text("")
+  _fake_sections(monkeypatch, between=break_out)
+  assert run.main(["--smoke", "--no-torch", "--sections", "lstm,gemm",
+                   "--out", str(out), "--json", str(raw)]) == 1
+  assert len(json.loads(raw.read_text())) == 2  # section b never ran
+  err = capsys.readouterr().err
+  assert f"--out {out}: not written (" in err
+  assert "section gemm" not in err
+  assert (f"stopped after section lstm: --out not written; what finished "
+          f"is in --json {raw}") in err
 
 
 def test_worker_reports_a_bad_spec_and_keeps_serving(tmp_path):
@@ -608,6 +728,24 @@ def test_replica_lanes_equal_vmapped_lstm_layers():
   with pytest.raises(ValueError, match=r"lstm_replicas: want W_h .* got W_h "
                      r"\(3, 4, 16\), W_x \(3, 4, 16\)"):
     replica_lanes.lstm_replicas(p[0], p[1][:, :4], p[2], xs)
+
+
+@pytest.mark.parametrize("argv, flag", [
+    (["--sections", "floor", "--replicas", "0"], "--replicas"),
+    (["--sections", "floor", "--replicas", "-2"], "--replicas"),
+    (["--sections", "codegen", "--min-seconds", "nan"], "--min-seconds"),
+    (["--sections", "codegen", "--min-seconds", "-1"], "--min-seconds"),
+    (["--sections", "codegen", "--rounds", "0"], "--rounds"),
+    (["--sections", ","], "--sections: none given"),
+])
+def test_small_model_study_rejects_bad_flags(argv, flag, capsys):
+  """Before any work: each of these ran, or failed with a traceback."""
+  from benchmarks import small_model
+  with pytest.raises(SystemExit) as e:
+    small_model.main(["--shape", "2,3,4", "--path-shapes", "2,3,4",
+                      "--min-seconds", "0", "--rounds", "1"] + argv)
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "error: " in err and flag in err
 
 
 def test_small_model_study_compiles_small_loops_whole():
