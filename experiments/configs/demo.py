@@ -1,6 +1,6 @@
 """Demo: a second-order model (mRNN) learning Dyck-(2,4) next tokens.
 
-A few minutes on 2 CPU cores; leaves checkpoints, metrics and a figure
+About 20 s on 2 CPU cores; leaves checkpoints, metrics and a figure
 (the LDPA-vs-distance curve) in the work directory.
 
     python -m experiments.main --config=experiments/configs/demo.py \\

@@ -13,6 +13,7 @@ dispatches to use their cells' helpers.)
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 from typing import Any
 
@@ -71,8 +72,15 @@ def name_of(cell: Cell) -> str:
 
 
 def make(name: str, **hyperparameters: Any) -> Cell:
-  """Creates the cell registered under `name` with the given hyperparameters."""
+  """Creates the cell registered under `name` with the given
+  hyperparameters; a TypeError naming the cell and listing its
+  hyperparameters for one it does not have."""
   cls = cell_class(name)
+  fields = sorted(f.name for f in dataclasses.fields(cls) if f.init)
+  unknown = [k for k in hyperparameters if k not in fields]
+  if unknown:
+    raise TypeError(f"cell {name!r} has no hyperparameter {unknown[0]!r} "
+                    f"(it has {fields})")
   try:
     return cls(**hyperparameters)
   except TypeError as e:  # unknown / missing keyword: say which cell

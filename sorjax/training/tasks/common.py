@@ -15,7 +15,6 @@
 
 from __future__ import annotations
 
-import dataclasses
 from typing import Any, Callable
 
 import ml_collections
@@ -93,15 +92,8 @@ def _make_cell(layer: dict, where: str):
   if name in cells_lib.TREE_CELLS:
     raise ConfigError(f"{where}.cell: {name!r} is a tree cell; use the "
                       "'trees' task")
-  fields = {f.name for f in dataclasses.fields(cells_lib.cell_class(name))}
-  kwargs = {}
-  for k, v in layer.items():
-    if k == "cell" or v is None:
-      continue
-    if k not in fields:
-      raise ConfigError(f"{where}.{k}={v!r}: cell {name!r} has no "
-                        f"hyperparameter {k!r} (it has {sorted(fields)})")
-    kwargs[k] = tuple(v) if isinstance(v, list) else v
+  kwargs = {k: tuple(v) if isinstance(v, list) else v
+            for k, v in layer.items() if k != "cell" and v is not None}
   try:
     return cells_lib.make(name, **kwargs)
   except (TypeError, ValueError) as e:
