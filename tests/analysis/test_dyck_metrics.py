@@ -16,6 +16,17 @@ def test_eighty_percent_rule_on_hand_set_probabilities():
   assert got.tolist() == [True, False, True, False]
   with pytest.raises(ValueError, match="closing-bracket ids"):
     dm.close_correct(p, np.array([0, 2, 2, 2]), K)
+  with pytest.raises(ValueError, match="closing-bracket ids"):  # START
+    dm.close_correct(p, np.array([2, 2, 2, 2 * K]), K)
+
+
+def test_start_and_end_mass_is_not_closing_mass():
+  """Only the k closing ids count as "any closing bracket": 0.7 on the true
+  close and 0.3 on END is all of the closing mass on the truth."""
+  p = np.zeros((2, 6))
+  p[0, [2, 5]] = [0.7, 0.3]        # END
+  p[1, [3, 4]] = [0.6, 0.4]        # START
+  assert dm.close_correct(p, np.array([2, 3]), K).tolist() == [True, True]
 
 
 def test_ldpa_and_wcpa_by_distance():

@@ -74,6 +74,13 @@ def test_fixed_bptt_windows_and_len():
   lengths = [int(b.lengths[0]) for b in it]
   assert lengths == [5, 5, 5, 5, 2] and len(it) == 5  # 22 input steps
   assert {b.lr_scale for b in StreamBatcher(np.arange(46), 2, 5)} == {1.0}
+  # 22 tokens a stream: 21 input steps, the last window a single step
+  it = StreamBatcher(np.arange(2 * 22), 2, bptt=5)
+  batches = list(it)
+  assert [int(b.lengths[0]) for b in batches] == [5, 5, 5, 5, 1]
+  assert len(it) == 5
+  assert batches[-1].inputs[:, 0].tolist() == [20, 42]
+  assert batches[-1].targets[:, 0].tolist() == [21, 43]
 
 
 def test_pad_to_gives_one_shape_and_masks_the_rest():

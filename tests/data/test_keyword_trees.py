@@ -159,6 +159,50 @@ def test_depth_filter_is_the_filtered_pool():
   assert stats.chisquare(obs, prob * len(examples)).pvalue > 1e-3
 
 
+def shallow_leaf_counts(n):
+  """{c: number of trees with n >= 3 leaves having c leaves at depth 1 or
+  2}: each child of the root adds 1 if a leaf, else its own leaf
+  children (2 for a cherry; one of a leaf and a subtree: 1)."""
+  def child(m):   # {value: shapes} of a child subtree with m leaves
+    if m <= 2:
+      return {m: 1}
+    return {1: 2 * catalan(m - 1), 0: catalan(m) - 2 * catalan(m - 1)}
+  out = collections.Counter()
+  for a in range(1, n):
+    for va, ca in child(a).items():
+      for vb, cb in child(n - a).items():
+        out[va + vb] += ca * cb
+  return out
+
+
+def catalan(m):   # binary tree shapes with m leaves
+  return math.comb(2 * m - 2, m - 1) // m
+
+
+def test_shallow_depth_filter_keeps_the_pools_proportions():
+  """Depths 1-2 (dataset i = 1), where the sampler's acceptance bound
+  2^2 / 21 is tight: the share of examples whose tree has 3 leaves at
+  depth 1-2, against its exact value (a tree with c qualifying leaves is
+  drawn in proportion to c / n). With the bound halved (2^(D-1)) such
+  trees were kept too rarely: 6.5 standard errors off at this size."""
+  lo, hi, n_ex = 21, 30, 6000
+  weight = collections.Counter()
+  for n in range(lo, hi + 1):
+    counts = shallow_leaf_counts(n)
+    assert sum(counts.values()) == catalan(n)
+    for c, k in counts.items():
+      weight[c] += c * k / (catalan(n) * n)
+  p3 = weight[3] / sum(weight.values())
+
+  def shallow(tree, d=0):
+    if isinstance(tree, tuple):
+      return shallow(tree[0], d + 1) + shallow(tree[1], d + 1)
+    return int(d in (1, 2))
+  examples = kt.sample(n_ex, lo, hi, seed=0, depths=(1, 2))
+  got = np.mean([shallow(e.tree) == 3 for e in examples])
+  assert abs(got - p3) < 4 * math.sqrt(p3 * (1 - p3) / n_ex), (got, p3)
+
+
 def test_unreachable_depths_are_never_drawn():
   # No tree with <= 4 leaves has a leaf at depth 2000: depth 1 only.
   examples = kt.sample(50, 2, 4, seed=0, depths=[1, 2000])

@@ -4,6 +4,7 @@ analyses of the wrong run type fail with a clear error."""
 
 import gzip
 import json
+import math
 import os
 import subprocess
 import sys
@@ -121,6 +122,10 @@ def test_dyck_analyses_from_the_command_line(dyck_run):
     ppl = json.load(f)["run"]
   assert ppl["perplexity_ratio"] == pytest.approx(
       ppl["perplexity"] / ppl["oracle_perplexity"])
+  # by definition from the cross-entropy in nats
+  assert ppl["perplexity"] == pytest.approx(math.exp(ppl["cross_entropy"]))
+  assert ppl["bits_per_symbol"] == pytest.approx(
+      ppl["cross_entropy"] / math.log(2))
   with open(os.path.join(out, "principal_angles.json")) as f:
     angles = json.load(f)["layers"]["0"]["degrees"]["0-1"]
   assert len(angles) == 12 and 0 < min(angles) <= max(angles) <= 90

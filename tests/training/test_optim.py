@@ -40,6 +40,65 @@ def test_clipping_and_adam_first_step():
   np.testing.assert_allclose(traj, [-0.05], rtol=1e-3)
 
 
+def run_steps(cfg, w0, grads):
+  """w after each update from w0 with the given gradients (floats)."""
+  tx = optim.make_optimizer(cfg)
+  params = {"w": jnp.array([w0], jnp.float32)}
+  state = tx.init(params)
+  out = []
+  for g in grads:
+    updates, state = tx.update({"w": jnp.array([g], jnp.float32)}, state,
+                               params)
+    params = optax.apply_updates(params, updates)
+    out.append(float(params["w"][0]))
+  return out
+
+
+def test_weight_decay_adds_wd_times_w_to_the_gradient():
+  # L2 as the configs mean it: g + wd * w, so w shrinks with no gradient
+  got = run_steps({"name": "sgd", "learning_rate": 1.0, "weight_decay": 0.1},
+                  1.0, [0.0, 0.0])
+  np.testing.assert_allclose(got, [0.9, 0.81], rtol=1e-6)
+
+
+def test_adam_follows_its_equations_with_the_given_b1_b2_eps():
+  """Kingma & Ba's Algorithm 1 in NumPy; b1 and b2 far from their defaults
+  and gradients that vary, so swapping them or ignoring one shows."""
+  lr, b1, b2, eps = 0.1, 0.5, 0.9, 1e-3
+  grads = [1.0, -3.0, 0.5, 2.0]
+  w, m, v, want = 0.0, 0.0, 0.0, []
+  for t, g in enumerate(grads, 1):
+    m = b1 * m + (1 - b1) * g
+    v = b2 * v + (1 - b2) * g * g
+    w -= lr * (m / (1 - b1 ** t)) / (np.sqrt(v / (1 - b2 ** t)) + eps)
+    want.append(w)
+  got = run_steps({"name": "adam", "learning_rate": lr, "b1": b1, "b2": b2,
+                   "eps": eps}, 0.0, grads)
+  np.testing.assert_allclose(got, want, rtol=1e-5)
+
+
+def test_schedules_with_warmup_and_floors():
+  """Hand-computed values: the exponential decay starts after the warmup,
+  cosine decays to alpha * lr, warmup_cosine's total counts the warmup."""
+  e = optim.learning_rate_schedule({"learning_rate": 1.0,
+                                    "schedule": "exponential",
+                                    "warmup_steps": 3, "decay_steps": 1,
+                                    "decay_rate": 0.5})
+  np.testing.assert_allclose([float(e(i)) for i in (0, 3, 4, 6)],
+                             [1, 1, 0.5, 0.125])
+  c = optim.learning_rate_schedule({"learning_rate": 2.0, "schedule": "cosine",
+                                    "total_steps": 10, "alpha": 0.1})
+  # lr ((1 - alpha) (1 + cos(pi t / T)) / 2 + alpha)
+  np.testing.assert_allclose([float(c(i)) for i in (0, 5, 10)],
+                             [2.0, 1.1, 0.2], rtol=1e-6)
+  wc = optim.learning_rate_schedule({"learning_rate": 1.0,
+                                     "schedule": "warmup_cosine",
+                                     "warmup_steps": 2, "total_steps": 10,
+                                     "end_value": 0.0})
+  np.testing.assert_allclose([float(wc(i)) for i in (0, 1, 2, 6, 10)],
+                             [0, 0.5, 1, 0.5, 0], atol=1e-6)
+
+
 def test_schedules():
   s = optim.learning_rate_schedule({"learning_rate": 1.0,
                                     "schedule": "warmup_constant",
@@ -90,6 +149,10 @@ def test_early_stopping():
   es2 = optim.EarlyStopping(patience=2)
   es2.load_state_dict(es.state_dict())
   assert es2.best == 1.0 and es2.bad == 2
+  # a tie is no improvement, nor is a gain of min_delta or less
+  es = optim.EarlyStopping(patience=3, min_delta=0.1)
+  out = [es.update(v)[0] for v in [2.0, 2.0, 1.9, 1.85, 1.76]]
+  assert out == [True, False, False, True, False]
 
 
 @pytest.mark.parametrize("field,value,msg", [

@@ -38,6 +38,10 @@ def test_non_monotone_trigger_matches_awd_lstm_rule():
   fired = [trig.observe(v) for v in [5.0, 4.0, 3.0, 3.5, 2.0, 4.5]]
   # step 3 (3.5): losses=[5,4,3], min([5])=5 -> no; step 5 (4.5): min([5,4,3])=3 -> yes
   assert fired == [False, False, False, False, False, True]
+  # AWD-LSTM's test is strict: a loss equal to that minimum does not fire
+  trig = asgd.NonMonotoneTrigger(n=2)
+  fired = [trig.observe(v) for v in [5.0, 4.0, 3.0, 3.5, 2.0, 3.0, 3.01]]
+  assert fired == [False] * 6 + [True]
 
 
 def test_iterate_averaging_is_the_mean_of_iterates_after_the_switch():
