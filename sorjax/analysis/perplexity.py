@@ -53,10 +53,9 @@ def perplexity(run, split: str | None = None, tau: float | None = None
   out = {"split": split, "cross_entropy": loss,
          "perplexity": math.exp(min(loss, 700.0)),
          "bits_per_symbol": loss / LN2}
-  if getattr(run.task, "bits", False):
-    out["bits_per_char"] = loss / LN2
-  for k in ("oracle_perplexity", "perplexity_ratio", "wcpa",
-            "close_accuracy"):
+  # the task's own count: per character, also when a symbol is a bigram
+  for k in ("bits_per_char", "oracle_perplexity", "perplexity_ratio",
+            "wcpa", "close_accuracy"):
     if k in res:
       out[k] = float(res[k])
   if "oracle_perplexity" in res:

@@ -104,6 +104,23 @@ def _run(task):
                                eval_temperature=lambda: 1.0)
 
 
+def test_perplexity_reports_the_tasks_bits_per_character():
+  """On the character-bigram corpus a symbol is two characters: bits per
+  character is the task's nll / characters, not the loss / ln 2 (which
+  the analysis reported)."""
+  class BigramTask(_StreamTask):
+    bits = True
+
+    def evaluate(self, params, split, temperature):
+      return {"loss": 2.0, "perplexity": math.exp(2.0),
+              "bits_per_char": 2.0 / 2 / math.log(2)}
+  run = _run(BigramTask(np.arange(10, dtype=np.int32)))
+  res = P.perplexity(run, "test")
+  assert res["bits_per_char"] == pytest.approx(1 / math.log(2))
+  assert res["bits_per_symbol"] == pytest.approx(2 / math.log(2))
+  assert res["perplexity"] == pytest.approx(math.exp(2.0))
+
+
 def test_token_nll_reassembles_the_corpus_order():
   ids = np.random.default_rng(0).integers(0, 50, 23).astype(np.int32)
   out = P.token_nll(_run(_StreamTask(ids)), "test")
