@@ -180,6 +180,13 @@ def test_binarize_only_when_asked():
       "3", (a, Tree(None, (b, Tree(None, (c, d))))))
   assert trees.parse(text, binarize="left") == Tree(
       "3", (Tree(None, (Tree(None, (a, b)), c)), d))
+  # five children: the words stay in order either way
+  five = "(3 (2 a) (1 b) (0 c) (4 d) (2 e))"
+  e = Tree("2", word="e")
+  assert trees.parse(five, binarize="right") == Tree(
+      "3", (a, Tree(None, (b, Tree(None, (c, Tree(None, (d, e))))))))
+  assert trees.parse(five, binarize="left") == Tree(
+      "3", (Tree(None, (Tree(None, (Tree(None, (a, b)), c)), d)), e))
   # A unary node collapses onto its child, keeping the outer label.
   assert trees.parse("(3 (1 (2 a)) (2 b))", binarize="right") == Tree(
       "3", (Tree("1", word="a"), Tree("2", word="b")))

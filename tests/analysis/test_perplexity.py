@@ -113,12 +113,14 @@ def test_perplexity_reports_the_tasks_bits_per_character():
 
     def evaluate(self, params, split, temperature):
       return {"loss": 2.0, "perplexity": math.exp(2.0),
-              "bits_per_char": 2.0 / 2 / math.log(2)}
+              "bits_per_char": 2.0 / 2 / math.log(2),
+              "oracle_perplexity": 3.0}
   run = _run(BigramTask(np.arange(10, dtype=np.int32)))
   res = P.perplexity(run, "test")
   assert res["bits_per_char"] == pytest.approx(1 / math.log(2))
   assert res["bits_per_symbol"] == pytest.approx(2 / math.log(2))
   assert res["perplexity"] == pytest.approx(math.exp(2.0))
+  assert res["oracle_cross_entropy"] == pytest.approx(math.log(3.0))  # nats
 
 
 def test_token_nll_reassembles_the_corpus_order():

@@ -265,6 +265,8 @@ def test_make_splits_lengths_and_cross_split_dedup():
 def test_decode_and_sample_check_their_arguments():
   g = DyckPCFG()
   assert g.decode([0, 2]) == "()"
+  four = DyckPCFG(p=(0.1,) * 4, q=0.2)     # k = 4: one character each
+  assert four.decode([0, 1, 2, 3, 7, 6, 5, 4]) == "([{<>}])"
   big = DyckPCFG(p=(0.1,) * 5, q=0.2)      # k > 4: symbols "(3" and "3)"
   assert big.decode([3, 8, 0, 5]) == "(3 3) (0 0)"
   np.testing.assert_array_equal(big.encode(big.decode([3, 8, 0, 5])),

@@ -116,3 +116,20 @@ def test_data_fields_are_checked(field, value, msg):
   cfg.data = {**cfg.data.to_dict(), field: value}
   with pytest.raises(ConfigError, match=msg):
     TreeTask(cfg)
+
+
+def test_sst_binary_labels_by_hand():
+  """SST's 5 classes to 2 (Le & Zuidema's binary task): 0-1 negative, 3-4
+  positive, 2 unlabelled; a neutral root leaves the tree out."""
+  from sorjax.training.tasks.trees import _binary_labels
+  leaf = lambda lab, w: trees.Tree(label=lab, word=w)
+  t = trees.Tree(label="1", children=(
+      trees.Tree(label="3", children=(leaf("4", "a"), leaf("2", "b"))),
+      trees.Tree(label="0", children=(leaf("1", "c"), leaf(None, "d")))))
+  b = _binary_labels(t)
+  labels = lambda n: [n.label] + [x for c in (n.children or ())
+                                  for x in labels(c)]
+  assert labels(b) == ["0", "1", "1", None, "0", "0", None]
+  assert [n.word for n in (b.children[0].children + b.children[1].children)
+          ] == ["a", "b", "c", "d"]
+  assert _binary_labels(trees.Tree(label="2", children=t.children)) is None
