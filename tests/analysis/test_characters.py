@@ -85,6 +85,10 @@ def test_prediction_examples_are_bigram_argmaxes(tmp_path):
     assert e["predicted"] == "".join(" " if w == "_" else w for w in want)
     assert e["correct"] == pytest.approx(np.mean(
         [w == t for w, t in zip(want, line)]))
+  # both bounds inclusive: "dabcd a" has exactly 7 characters
+  tight = ch.prediction_examples(run, "test", num=2, min_length=4,
+                                 max_length=7)
+  assert [e["text"] for e in tight["examples"]] == ["ab c", "dabcd a"]
   ch.plot_examples(res, str(tmp_path / "e.png"))
   assert (tmp_path / "e.png").stat().st_size > 0
   with pytest.raises(AnalysisError, match="no line of 30..40 characters"):

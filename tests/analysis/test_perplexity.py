@@ -50,6 +50,13 @@ def test_bootstrap_of_a_constant_difference_is_that_constant():
     assert out["bins"][key]["mean_diff"] == pytest.approx(2.0)
     assert out["bins"][key]["ci"] == pytest.approx([2.0, 2.0])
   assert out["bins"]["below 100"]["mean_diff"] is None   # no such tokens
+  # One chunk: nothing to resample, the point difference alone
+  one = P.bootstrap_difference(nll_a[:50], nll_b[:50], np.zeros(50, int),
+                               num_resamples=50)
+  assert one["num_chunks"] == 1
+  assert one["bins"][P.ALL] == {"mean_diff": None, "ci": [None, None],
+                                "diff": pytest.approx(2.0),
+                                "empty_resamples": None}
 
 
 def test_bootstrap_matches_a_naive_resampling_loop():

@@ -1,6 +1,7 @@
 """Unit timescales (Mahto et al.): traces vs a NumPy LSTM loop, eq. 2-3 on
 hand-set gates, KS fits, heatmap grouping, word-ablation decay e^{-t/T}."""
 
+import math
 import types
 
 import jax
@@ -140,6 +141,18 @@ def test_correlation_is_none_when_undefined():
   assert ts.correlation([3.0, 3.0], [2.0, 5.0])["pearson_log10"] is None
   out = ts.correlation([1.0, 10.0, np.inf], [2.0, 20.0, 5.0])
   assert out["units"] == 2 and out["pearson_log10"] == pytest.approx(1.0)
+
+
+def test_correlation_by_hand():
+  """Spearman's rho is of ranks (1 for any increasing pair), Pearson's r
+  of log10 T."""
+  a, b = [1.0, 10.0, 100.0], [1.0, 10.0, 1e5]
+  out = ts.correlation(a, b)
+  assert out["spearman"] == pytest.approx(1.0)
+  x, y = np.log10(a), np.log10(b)        # [0, 1, 2] and [0, 1, 5]
+  r = np.sum((x - x.mean()) * (y - y.mean())) / math.sqrt(
+      np.sum((x - x.mean()) ** 2) * np.sum((y - y.mean()) ** 2))
+  assert out["pearson_log10"] == pytest.approx(r) and r < 0.97
 
 
 def test_ks_statistic_by_hand_and_best_families():

@@ -51,6 +51,15 @@ def test_bigram_and_unigram_frequencies_match_the_source():
                              atol=0.02)
 
 
+def test_the_first_token_is_a_bigram_start_drawn_by_frequency():
+  """The chain starts at the first token of a uniformly drawn source
+  bigram: a token that starts 90% of the bigrams starts ~90% of corpora
+  (not half, as a uniform draw over the token types would give)."""
+  src = np.array([0] * 90 + [1] * 10, np.int32)   # with wrap: 100 bigrams
+  first = [int(markov_corpus(src, seed=s, length=1)[0]) for s in range(400)]
+  assert abs(np.mean(np.array(first) == 0) - 0.9) < 0.06
+
+
 def test_successor_table_counts_bigrams():
   src = np.array([3, 1, 3, 1, 2, 3, 1])
   offsets, succ = bigram_successors(src, wrap=False)
