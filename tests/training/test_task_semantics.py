@@ -129,6 +129,39 @@ def test_lm_second_window_continues_the_first_windows_state(lm_task):
   assert abs(fresh - want) > 1e-4
 
 
+def test_lm_evaluate_is_the_mean_nll_of_one_pass_over_each_stream(
+    monkeypatch):
+  """Evaluation in windows of eval_bptt with the carry passed on, the last
+  window partial (padded to eval_bptt), equals one pass over each whole
+  stream: the mean NLL of every target and no padding (NumPy)."""
+  vocab = Vocab(["<unk>", "<eos>", "a", "b", "c", "d", "e"])
+  rs = np.random.RandomState(2)
+  stream = 2 * BPTT + 3                  # 10 targets a stream: 4, 4, 2
+  ids = {s: rs.randint(0, V, B * stream).astype(np.int32)
+         for s in ("train", "valid", "test")}
+  monkeypatch.setattr(corpora, "load_corpus",
+                      lambda name, split, *a, **kw: (ids[split], vocab))
+  task = make_task(common.config(
+      "lm", common.lm_data(corpus="ptb", batch_size=B, bptt=BPTT,
+                           eval_batch_size=B, eval_bptt=BPTT),
+      cell="lstm", hidden_size=8, embed_size=8))
+  params = task.init_params(jax.random.key(1))
+  # away from the initial near-uniform predictions, where every token's
+  # loss is about log V and any mask gives the same mean
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(2), len(leaves))
+  params = jax.tree.unflatten(tree, [
+      w + jax.random.normal(k, w.shape, w.dtype) for w, k in zip(leaves, keys)])
+  rows = ids["valid"].reshape(B, stream)
+  logits, _ = task.apply(params, jnp.asarray(rows[:, :-1]),
+                         jnp.full((B,), stream - 1, jnp.int32),
+                         task.init_carry(params))
+  lp = _log_softmax(logits)
+  want = -np.mean(np.take_along_axis(lp, rows[:, 1:, None], -1))
+  got = task.evaluate(params, "valid", 1.0)
+  np.testing.assert_allclose(got["loss"], want, rtol=1e-5)
+
+
 # ------------------------------------------------------------ loop lr_scale
 class ScaledLinearTask:
   """One batch an epoch of least squares, with a fixed start and an
