@@ -133,3 +133,15 @@ def test_sst_binary_labels_by_hand():
   assert [n.word for n in (b.children[0].children + b.children[1].children)
           ] == ["a", "b", "c", "d"]
   assert _binary_labels(trees.Tree(label="2", children=t.children)) is None
+
+
+def test_each_epoch_shuffles_the_trees_again(task):
+  """The batch order is drawn per epoch from (seed, epoch): the same epoch
+  gives the same batches, the next epoch another order."""
+  def tokens(epoch):
+    return [b["tokens"].tolist() for b, _ in task.train_batches(epoch, None)]
+  assert tokens(0) == tokens(0)
+  assert tokens(0) != tokens(1)
+  # the resumed position continues epoch 1's order
+  assert [b["tokens"].tolist() for b, _ in task.train_batches(
+      1, {"batch": 3})] == tokens(1)[3:]
