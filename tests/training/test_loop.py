@@ -40,6 +40,17 @@ def test_loss_falls_and_files_are_written(tmp_path):
   assert os.listdir(tmp_path / "checkpoints") and os.listdir(tmp_path / "best")
 
 
+def test_evaluation_uses_the_temperature_of_the_epoch_just_trained(
+    tmp_path):
+  """tau = init * decay^epoch per epoch: the evaluation after epoch e reads
+  epoch e's value (1, 0.5, 0.25), as Run.eval_temperature does."""
+  config = toy_config()
+  config.temperature.update({"init": 1.0, "decay": 0.5, "per": "epoch"})
+  Trainer(ToyTask(), config, str(tmp_path)).run()
+  recs = read_metrics(str(tmp_path), "valid")
+  assert [r["temperature"] for r in recs] == [1.0, 0.5, 0.25]
+
+
 def test_replicas_equal_separate_runs(tmp_path):
   both = run(tmp_path / "r", num_replicas=2, seed=3)
   one = run(tmp_path / "a", seed=3)
