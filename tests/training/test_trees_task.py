@@ -2,6 +2,8 @@
 when a batch does not fit, and evaluation against a float64 NumPy forward
 pass of every tree on its own."""
 
+import types
+
 import jax
 import numpy as np
 import pytest
@@ -145,3 +147,17 @@ def test_each_epoch_shuffles_the_trees_again(task):
   # the resumed position continues epoch 1's order
   assert [b["tokens"].tolist() for b, _ in task.train_batches(
       1, {"batch": 3})] == tokens(1)[3:]
+
+
+def test_epoch_metrics_are_median_gradient_ratios_per_depth(monkeypatch):
+  """Le & Zuidema 3.3: the median (not the mean) of ||dJ/dx_keyword|| /
+  ||dJ/dx_root|| per keyword depth; undefined ratios (0 / 0) left out."""
+  from sorjax.analysis import tree_gradients
+  depth = np.array([1, 1, 1, 2, 2, 2])
+  num = np.array([1.0, 2.0, 10.0, 3.0, 4.0, 0.0])
+  den = np.array([1.0, 1.0, 1.0, 1.0, 2.0, 0.0])
+  monkeypatch.setattr(tree_gradients, "tree_ratios",
+                      lambda task, params, split, n: (depth, num, den))
+  fake = types.SimpleNamespace(examples={"train": []}, gradient_trees=6)
+  assert TreeTask.epoch_metrics(fake, None, 0) == {
+      "grad_ratio_depth_1": 2.0, "grad_ratio_depth_2": 2.5}
