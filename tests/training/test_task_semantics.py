@@ -162,6 +162,31 @@ def test_lm_evaluate_is_the_mean_nll_of_one_pass_over_each_stream(
   np.testing.assert_allclose(got["loss"], want, rtol=1e-5)
 
 
+def test_lm_bits_per_char_counts_the_characters_of_bigram_symbols(
+    monkeypatch):
+  """On the character-bigram corpus a symbol stands for its characters
+  (<eos> and <unk> for one): bits per char = total nll / characters."""
+  vocab = Vocab(["<unk>", "<eos>", "ab", "c", "de", "f", "gh"])
+  width = {0: 1, 1: 1, 2: 2, 3: 1, 4: 2, 5: 1, 6: 2}
+  rs = np.random.RandomState(3)
+  stream = 2 * BPTT + 1
+  ids = {s: rs.randint(0, V, B * stream).astype(np.int32)
+         for s in ("train", "valid", "test")}
+  monkeypatch.setattr(corpora, "load_corpus",
+                      lambda name, split, *a, **kw: (ids[split], vocab))
+  task = make_task(common.config(
+      "lm", common.lm_data(corpus="ptb_char_maupome_bigram", batch_size=B,
+                           bptt=BPTT, eval_batch_size=B, eval_bptt=BPTT),
+      cell="lstm", hidden_size=8, embed_size=8))
+  params = task.init_params(jax.random.key(1))
+  got = task.evaluate(params, "valid", 1.0)
+  targets = ids["valid"].reshape(B, stream)[:, 1:]
+  chars = sum(width[int(t)] for t in targets.ravel())
+  nll = got["loss"] * targets.size
+  np.testing.assert_allclose(got["bits_per_char"],
+                             nll / chars / np.log(2), rtol=1e-6)
+
+
 # ------------------------------------------------------------ loop lr_scale
 class ScaledLinearTask:
   """One batch an epoch of least squares, with a fixed start and an
