@@ -206,3 +206,23 @@ def test_a_carry_unlike_the_cells_is_named():
     rnn.apply(v, xs, initial_carry=jax.tree_util.tree_map(
         lambda a: a.astype(jnp.bfloat16), good))
   assert rnn.apply(v, xs, initial_carry=good).shape == (3, 5, 6)
+
+
+def test_aux_with_two_batch_axes():
+  """Inputs [B1, B2, T, D]: an aux of one step's batch shape [B1, B2] goes
+  through (as a per-sequence temperature for unroll on the flattened
+  batch); one of [B1] only is refused."""
+  cell = cells.make("attention_lstm", hidden_size=4, num_cells=2)
+  xs = jax.random.normal(jax.random.key(3), (2, 3, T, 5))
+  tau = jnp.array([[0.5, 1.0, 2.0], [4.0, 0.25, 1.5]])
+  rnn = nn.RNN(CellAdapter(cell, aux={"temperature": tau}))
+  variables = rnn.init(jax.random.key(0), xs)
+  ys = rnn.apply(variables, xs)
+  params = variables["params"]["cell"]
+  _, want = sorjax.unroll(cell, params, xs.reshape(6, T, 5),
+                          temperature=jnp.broadcast_to(
+                              tau.reshape(6, 1), (6, T)))
+  close(ys.reshape(6, T, -1), want)
+  with pytest.raises(ValueError, match=r"batch shape \(2, 3\)"):
+    nn.RNN(CellAdapter(cell, aux={"temperature": tau[:, 0]})).init(
+        jax.random.key(0), xs)

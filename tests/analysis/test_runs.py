@@ -111,6 +111,8 @@ def test_a_config_that_is_a_directory_or_absent(tmp_path):
     (dict(decay=0.5, floor=0.3), 30, {"epoch": 3, "position": None}, 0.3),
     (dict(decay=0.9, per="step"), 10, {"epoch": 1, "position": None},
      0.9 ** 10),
+    # end of the first epoch: evaluated at epoch 0's value
+    (dict(decay=0.5), 10, {"epoch": 1, "position": None}, 1.0),
 ])
 def test_eval_temperature_is_the_loops_evaluation(run, temperature, step,
                                                   meta, want):

@@ -19,3 +19,7 @@ def test_bigram_corpus_spells_the_char_corpus(shared_data, monkeypatch,
       range(len(vocab))))
   assert 0.55 < len(ids) / len(cids) < 0.75    # about 36% fewer symbols
   assert "st" in vocab and "at" in vocab
+  # an open vocabulary: a pair that training never had is <unk>, as a
+  # test split's rare bigram must be (the character corpus is closed)
+  assert vocab.unk == "<unk>" and cvocab.unk is None
+  assert vocab.encode(["\x01\x02"]).tolist() == [vocab.unk_id]

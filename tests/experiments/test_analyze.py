@@ -16,7 +16,7 @@ import pytest
 import sorjax
 from experiments import train
 from experiments.configs import common
-from sorjax.analysis import perplexity, runner
+from sorjax.analysis import perplexity, runner, traces
 from sorjax.analysis.common import AnalysisError
 from tests.experiments import tiny_dyck, tiny_trees
 
@@ -272,6 +272,20 @@ def test_compare_gets_the_same_temperature_and_the_source_is_recorded(
   assert freq["b"]["all tokens"]["cross_entropy"] == pytest.approx(
       perplexity.frequency(other, None, 2.0)["bins"]["all tokens"][
           "cross_entropy"])
+  # restore(..., replica=1) is that replica, as with_replica(1) is
+  direct = sorjax.restore(lm_run, replica=1)
+  assert direct.replica == 1
+  for a, b in zip(jax.tree.leaves(direct.params), jax.tree.leaves(
+      other.params)):
+    np.testing.assert_array_equal(a, b)
+  assert not all(np.array_equal(a, b) for a, b in zip(
+      jax.tree.leaves(direct.params), jax.tree.leaves(run.params)))
+  # an LM split's sample: its first consecutive windows of eval_bptt
+  tokens, lengths = traces.sample(run.task, "test", 2)
+  L = run.task.data_cfg.eval_bptt
+  np.testing.assert_array_equal(tokens.ravel(),
+                                run.task.split_ids["test"][:2 * L])
+  assert lengths.tolist() == [L, L]
 
 
 def test_runs_of_other_tasks_and_text_for_a_dyck_run_are_refused(
