@@ -45,6 +45,26 @@ def test_log_probs_check_lengths(run, lengths, msg):
     run.log_probs(np.zeros((2, 3), np.int32), lengths=lengths)
 
 
+def test_log_probs_pass_the_temperature_to_the_model(tmp_path):
+  """An attention LSTM's softmax(x V / tau) reads it: log_probs at a
+  temperature equal the task's own logits at that temperature."""
+  cfg = tiny_dyck.get_config()
+  cfg.model.cell, cfg.model.intermediate_size = "attention_lstm", None
+  cfg.model.num_cells = 2
+  task = make_task(cfg)
+  params = jax.jit(Trainer(task, cfg, str(tmp_path)).init_state)().params
+  r = Run(str(tmp_path), 0, cfg, task, params, {})
+  tokens = np.array([[4, 0, 1, 3, 2]], np.int32)
+  cold, hot = r.log_probs(tokens, temperature=0.1), r.log_probs(
+      tokens, temperature=10.0)
+  assert np.abs(cold - hot).max() > 1e-3
+  p0 = jax.tree.map(lambda a: a[0], params)
+  logits, _ = task.apply(p0, tokens, np.array([5], np.int32),
+                         temperature=0.1)
+  np.testing.assert_allclose(cold, jax.nn.log_softmax(logits, -1),
+                             atol=1e-5)
+
+
 def test_log_probs_with_valid_lengths_and_ragged_tokens(run):
   tokens = np.array([[1, 2, 0], [2, 1, 1]], np.int32)
   full = run.log_probs(tokens, lengths=[3, 3])

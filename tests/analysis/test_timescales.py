@@ -89,6 +89,15 @@ def test_trace_forget_gates_and_memory_match_a_numpy_lstm_loop():
                                atol=1e-5)
   np.testing.assert_allclose(np.asarray(out.final[1].c), C1[:, -1],
                              atol=1e-5)   # final carry: the last valid step
+  # ablate=2 (word ablation): the loop's input x_2 set to 0, and only it
+  xa = x.copy()
+  xa[:, 2] = 0.0
+  _, Ca, _ = _np_lstm(params["layer_0"], xa, lengths, 1.0)
+  abl = traces.trace(task, params, tokens, lengths, ablate=2)
+  np.testing.assert_allclose(np.asarray(abl.layers[0].c)[0], Ca[0],
+                             atol=1e-5)
+  np.testing.assert_allclose(np.asarray(abl.layers[0].c)[0, :2], C0[0, :2],
+                             atol=1e-5)
   # The trace's last layer decodes to the model's own logits.
   logits, _ = task.model.apply({"params": params}, jnp.asarray(tokens),
                                None, jnp.asarray(lengths))
