@@ -9,8 +9,8 @@ ConfigError). A bool is never a number here: True would pass as 1.
 from __future__ import annotations
 
 import math
-import os
 import numbers
+import os
 from typing import Any, Callable
 
 import numpy as np
