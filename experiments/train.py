@@ -13,9 +13,10 @@ import jax
 from absl import logging
 
 from sorjax import host_memory, small_loops, xla_flags
+from sorjax.checks import (check_bool, check_int, check_number,
+                           output_dir_problem)
 from sorjax.training.loop import Trainer
 from sorjax.training.tasks import make_task
-from sorjax.checks import check_int, check_number, output_dir_problem
 from sorjax.training.tasks.common import ConfigError, check_ints
 
 
@@ -224,9 +225,7 @@ def _check_stopping(config) -> None:
   """plateau.*, early_stopping.*, nt_asgd.nonmono, train.max_steps (each a
   ValueError naming the field)."""
   from sorjax.training.optim import EarlyStopping, Plateau
-  if not isinstance(config.plateau.enabled, bool):
-    raise ValueError(f"plateau.enabled must be a bool, got "
-                     f"{config.plateau.enabled!r}")
+  check_bool("plateau.enabled", config.plateau.enabled, error=ValueError)
   Plateau(config.plateau.factor, config.plateau.patience)
   es = config.early_stopping
   # None or 0: no early stopping (0 as docs/RESULTS.md and reproduce use

@@ -20,6 +20,11 @@ def _is_bool(value: Any) -> bool:
   return isinstance(value, (bool, np.bool_))
 
 
+def is_int(value: Any) -> bool:
+  """A Python or NumPy int, and not a bool."""
+  return not _is_bool(value) and isinstance(value, numbers.Integral)
+
+
 def check_int(where: str, value: Any, minimum: int = 0, *,
               optional: bool = False, error: type = ValueError,
               type_error: type | None = None) -> int | None:
@@ -42,8 +47,8 @@ def check_number(where: str, value: Any, rule: str = "",
   says what ok checks, e.g. "> 0" or "in (0, 1]"."""
   if value is None and optional:
     return None
-  kind = numbers.Integral if integer else numbers.Real
-  is_kind = not _is_bool(value) and isinstance(value, kind)
+  is_kind = is_int(value) if integer else (
+      not _is_bool(value) and isinstance(value, numbers.Real))
   if not is_kind or not (integer or math.isfinite(value)) or not ok(value):
     what = "an int" if integer else "a finite number"
     none = "None or " if optional else ""

@@ -98,7 +98,7 @@ class Tree:
             f"Tree.from_nested: a node must be a pair, got {len(obj)} items: "
             f"{obj!r}")
       return cls(children=(cls.from_nested(obj[0]), cls.from_nested(obj[1])))
-    if isinstance(obj, (str, int, np.integer)) and not isinstance(obj, bool):
+    if isinstance(obj, str) or checks.is_int(obj):
       return cls(word=obj if isinstance(obj, str) else int(obj))
     raise ValueError(f"Tree.from_nested: a leaf must be a str or int word, "
                      f"got {obj!r}")

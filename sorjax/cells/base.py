@@ -12,7 +12,6 @@ from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from jax.custom_derivatives import SymbolicZero
 
 from sorjax import checks
@@ -267,15 +266,13 @@ def split_step(cell: Cell, params: PyTree, carry: PyTree, xp: PyTree
 
 def batch_shape(shape) -> tuple[int, ...]:
   """`initial_carry`'s batch_shape as a tuple of ints (an int B: (B,))."""
-  if isinstance(shape, (int, np.integer)) and not isinstance(
-      shape, (bool, np.bool_)):
+  if checks.is_int(shape):
     shape = (shape,)
   try:
     out = tuple(shape)
   except TypeError:
     out = None
-  if out is None or any(isinstance(d, (bool, np.bool_)) or not isinstance(
-      d, (int, np.integer)) or d < 0 for d in out):
+  if out is None or not all(checks.is_int(d) and d >= 0 for d in out):
     raise ValueError(f"initial_carry: batch_shape must be a tuple of ints "
                      f">= 0 (e.g. (B,)), got {shape!r}")
   return tuple(int(d) for d in out)

@@ -34,6 +34,7 @@ from typing import Iterable, NamedTuple, Sequence, Union
 
 import numpy as np
 
+from sorjax import checks
 from sorjax.data.checks import check_int, check_scale
 
 VOCAB_SIZE = 10_000
@@ -120,7 +121,7 @@ def _leaf_depths(tree: Tree) -> list[tuple[int, int]]:
         raise ValueError(f"a tree node must be a leaf (int) or a 2-tuple, "
                          f"got a {len(node)}-tuple")
       stack += [(node[1], d + 1), (node[0], d + 1)]
-    elif isinstance(node, (int, np.integer)) and not isinstance(node, bool):
+    elif checks.is_int(node):
       out.append((int(node), d))
     else:
       raise ValueError(f"a tree leaf must be an int token, got {node!r}")

@@ -17,7 +17,7 @@ from typing import Any, Mapping
 import jax.numpy as jnp
 import optax
 
-from sorjax.checks import check_number
+from sorjax.checks import check_bool, check_number
 from sorjax.training import asgd
 
 OPTIMIZERS = ("adam", "sgd", "adagrad", "nt_asgd")
@@ -63,9 +63,8 @@ def _check_fields(cfg: Mapping[str, Any], fields) -> None:
 
 def _check_schedule(cfg: Mapping[str, Any], kind: str) -> None:
   _check_fields(cfg, _SCHEDULE_FIELDS)
-  if not isinstance(_get(cfg, "staircase", True), bool):
-    raise ValueError(f"optim.staircase must be a bool, got "
-                     f"{cfg['staircase']!r}")
+  check_bool("optim.staircase", _get(cfg, "staircase", True),
+             error=ValueError)
   total, warmup = _get(cfg, "total_steps"), _get(cfg, "warmup_steps", 0)
   if kind == "warmup_cosine" and total is not None and total <= warmup:
     raise ValueError(f"optim.total_steps={total} must exceed "

@@ -22,7 +22,7 @@ from ml_collections.config_dict import FieldReference
 
 from sorjax import budget as budget_lib
 from sorjax import cells as cells_lib
-from sorjax.checks import check_int, check_number
+from sorjax.checks import check_bool, check_int, check_number
 
 CELL_HPARAMS = ("activation", "forget_bias", "intermediate_size", "use_D",
                 "use_E", "general", "candidate_activation", "num_cells",
@@ -48,8 +48,8 @@ def check_ints(d, minimums: dict[str, int], optional=(),
 
 def check_bools(d, names, section: str = "data") -> None:
   for name in names:
-    if name in d and not isinstance(d[name], bool):
-      raise ConfigError(f"{section}.{name} must be a bool, got {d[name]!r}")
+    if name in d:
+      check_bool(f"{section}.{name}", d[name], error=ConfigError)
 
 
 def check_scale(d) -> None:
