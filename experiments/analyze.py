@@ -121,7 +121,7 @@ def main(argv):
         num_resamples=FLAGS.num_resamples, seed=FLAGS.seed,
         max_tokens=FLAGS.max_tokens, max_sequences=FLAGS.max_sequences,
         max_trees=FLAGS.max_trees, position=FLAGS.position,
-        data_dir=FLAGS.data_dir)
+        data_dir=FLAGS.data_dir, progress=True)
     written = runner.run_analyses(run, analyses, FLAGS.out, options, given)
   except (AnalysisError, ValueError, OSError, KeyError) as e:
     logging.error("analysis error: %s", e)

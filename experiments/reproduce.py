@@ -702,6 +702,7 @@ def item_blimp(ctx: Context) -> dict:
   """8. BLiMP minimal pairs: baseline LSTM vs attention LSTM trained on the
   same corpus (Lin et al. Table 3 in spirit)."""
   from sorjax.analysis import minimal_pairs
+  from sorjax.analysis.common import Progress, progress_part
   per_uid = 20 if ctx.micro else 100
   runs = _wikitext2_runs(ctx, ("lstm", "attention,2"))
   pairs, seen = [], {}
@@ -712,10 +713,13 @@ def item_blimp(ctx: Context) -> dict:
   if ctx.micro:
     pairs = pairs[:200]
   res, figs = {}, []
-  for label in ("lstm", "attention,2"):
+  progress = Progress("blimp", "sentences")
+  for m, label in enumerate(("lstm", "attention,2")):
     accs, cats = [], []
     for r in range(ctx.replicas):
-      ev = minimal_pairs.evaluate(restore(runs[label], r), pairs)
+      ev = minimal_pairs.evaluate(
+          restore(runs[label], r), pairs, progress=progress_part(
+              progress, m * ctx.replicas + r, 2 * ctx.replicas))
       accs.append(ev["accuracy"])
       cats.append(ev["categories"])
     res[label] = {"accuracy": stats(accs), "pairs": len(pairs),

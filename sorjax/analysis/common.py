@@ -1,5 +1,6 @@
 """What every analysis of a restored run shares: errors that name the run,
-run-type checks, split names, checkpoints per step, JSON and figure files.
+run-type checks, split names, checkpoints per step, JSON and figure files,
+and a progress line for the long ones.
 
 Every analysis takes a `sorjax.runs.Run` (from `sorjax.restore(workdir)`)
 and returns a JSON-able dict; its `plot_*` functions draw that dict. Figures
@@ -12,7 +13,9 @@ from __future__ import annotations
 import json
 import math
 import os
-from typing import Any, Iterable
+import sys
+import time
+from typing import Any, Callable, Iterable, TextIO
 
 import jax
 import numpy as np
@@ -22,6 +25,8 @@ from sorjax import cells as cells_lib
 from sorjax import checks
 
 FORGET_GATE_CELLS = ("lstm", "mts_lstm")
+# progress(done, total) of a long pass (e.g. a `Progress`)
+OnProgress = Callable[[int, int], None]
 MULTI_CELL_LSTMS = ("attention_lstm", "assignment_lstm")
 
 
@@ -197,3 +202,46 @@ def save(fig: Figure, path: str, dpi: int = 120) -> str:
   fig.tight_layout()
   fig.savefig(path, dpi=dpi)
   return path
+
+
+class Progress:
+  """`progress(done, total)` callback that prints "what: done of total
+  unit (pct), elapsed, ~left" to `stream` (stderr) at most every `every`
+  seconds, and once when done == total; the estimate assumes a constant
+  rate since construction. Long analyses (BLiMP's 67k pairs: ~20 min)
+  take one, so a user sees that they are moving."""
+
+  def __init__(self, what: str, unit: str = "",
+               stream: TextIO | None = None, every: float = 30.0,
+               clock: Callable[[], float] = time.monotonic):
+    self.what, self.unit, self.every, self.clock = what, unit, every, clock
+    self.stream = stream
+    self.start = self.last = clock()
+
+  def __call__(self, done: int, total: int) -> None:
+    now = self.clock()
+    if done < total and now - self.last < self.every:
+      return
+    self.last = now
+    spent = now - self.start
+    unit = f" {self.unit}" if self.unit else ""
+    line = (f"{self.what}: {done:,} of {total:,}{unit} "
+            f"({100 * done / max(total, 1):.0f}%), {_duration(spent)}")
+    if 0 < done < total:
+      line += f", ~{_duration(spent * (total - done) / done)} left"
+    print(line, file=self.stream or sys.stderr, flush=True)
+
+
+def progress_part(progress: OnProgress | None, i: int, n: int
+                  ) -> OnProgress | None:
+  """The callback of part `i` of a job of `n` equal parts that `progress`
+  reports as a whole (e.g. one of several runs scoring the same pairs)."""
+  if progress is None:
+    return None
+  return lambda done, total: progress(i * total + done, n * total)
+
+
+def _duration(seconds: float) -> str:
+  return (f"{seconds:.0f} s" if seconds < 90 else
+          f"{seconds / 60:.1f} min" if seconds < 5400 else
+          f"{seconds / 3600:.1f} h")

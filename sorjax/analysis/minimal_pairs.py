@@ -40,7 +40,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from sorjax.analysis.common import (fail, figure, require_task, save,
+from sorjax.analysis.common import (OnProgress, fail, figure,
+                                    progress_part, require_task, save,
                                     temperature)
 from sorjax.data import tokenize
 
@@ -263,11 +264,13 @@ def _log_prob_fn(run, tau=None):
 
 
 def token_log_probs(run, seqs: list[np.ndarray], batch_size: int = 64,
-                    multiple: int = 8, tau: float | None = None
+                    multiple: int = 8, tau: float | None = None,
+                    progress: OnProgress | None = None
                     ) -> list[np.ndarray]:
   """log p(seq[t] | seq[:t]) for t >= 1 of each int sequence, in batches
   of `batch_size` rows (the last padded) sorted by length, T padded to a
-  multiple of `multiple`: few shapes, so few compilations."""
+  multiple of `multiple`: few shapes, so few compilations. `progress(done,
+  total)` is called with the sequences scored after each batch."""
   log_probs = _log_prob_fn(run, tau)
   order = np.argsort([len(s) for s in seqs], kind="stable")
   out = [None] * len(seqs)
@@ -285,6 +288,8 @@ def token_log_probs(run, seqs: list[np.ndarray], batch_size: int = 64,
     nxt = np.take_along_axis(lp[:, :-1], tokens[:, 1:, None], -1)[..., 0]
     for r, i in enumerate(idx):
       out[i] = nxt[r, :lengths[r] - 1].astype(np.float64)
+    if progress is not None:
+      progress(start + len(idx), len(seqs))
   return out
 
 
@@ -307,9 +312,11 @@ def encode_pairs(run, pairs: list[Pair], norm: dict, score_eos: bool
 
 def evaluate(run, pairs: list[Pair], score_eos: bool = False,
              lowercase: bool | None = None, punctuation: str | None = None,
-             batch_size: int = 64, tau: float | None = None) -> dict:
+             batch_size: int = 64, tau: float | None = None,
+             progress: OnProgress | None = None) -> dict:
   """Accuracy per category (and overall) of log p(good) > log p(bad),
-  with the out-of-vocabulary and dropped-punctuation counts.
+  with the out-of-vocabulary and dropped-punctuation counts; `progress`
+  as in `token_log_probs` (two sentences a pair).
 
   `identical` counts the pairs whose two sentences become the same
   symbols (they differ only in words mapped to `<unk>` or in dropped
@@ -325,7 +332,7 @@ def evaluate(run, pairs: list[Pair], score_eos: bool = False,
   oov = collections.Counter(w for e in encs for w in e.oov)
   dropped = collections.Counter(w for e in encs for w in e.dropped)
   sent_oov = [bool(e.oov) for e in encs]
-  lps = token_log_probs(run, seqs, batch_size, tau=tau)
+  lps = token_log_probs(run, seqs, batch_size, tau=tau, progress=progress)
   total = np.array([lp.sum() for lp in lps]).reshape(-1, 2)
   correct = total[:, 0] > total[:, 1]
   same = np.array([np.array_equal(encs[2 * i].ids, encs[2 * i + 1].ids)
@@ -352,10 +359,13 @@ def evaluate(run, pairs: list[Pair], score_eos: bool = False,
       "scores": total}
 
 
-def compare(runs, pairs: list[Pair], **kwargs) -> dict:
-  """`evaluate` of each run on the same pairs, side by side."""
+def compare(runs, pairs: list[Pair], progress: OnProgress | None = None,
+            **kwargs) -> dict:
+  """`evaluate` of each run on the same pairs, side by side; `progress`
+  counts the sentences of all the runs."""
   return {"runs": [r.workdir for r in runs],
-          "results": [evaluate(r, pairs, **kwargs) for r in runs]}
+          "results": [evaluate(r, pairs, **kwargs, progress=progress_part(
+              progress, i, len(runs))) for i, r in enumerate(runs)]}
 
 
 def sentence_log_probs(run, text: str, score_eos: bool = False,

@@ -17,7 +17,7 @@ from typing import Any, Callable, NamedTuple
 from sorjax.analysis import (attention, characters, dyck, minimal_pairs,
                              perplexity, timescales, tree_gradients)
 from sorjax.analysis.common import (MULTI_CELL_LSTMS, AnalysisError,
-                                    check_split, fail, output_dir,
+                                    Progress, check_split, fail, output_dir,
                                     require_layers, require_task, temperature,
                                     write_json)
 from sorjax.analysis.common import splits as task_splits
@@ -42,6 +42,8 @@ class Options:
   max_trees: int | None = 1000
   position: int = 0                 # word_ablation
   data_dir: str | None = None       # blimp's TFDS data_dir
+  progress: bool = False            # minimal_pairs: a line to stderr every
+                                    # 30 s (BLiMP's 67k pairs: ~20 min)
 
 
 def _path(out, name):
@@ -212,7 +214,10 @@ def _read_pairs(o, strict_category):
 
 def _minimal_pairs(run, out, o, src, pairs):
   runs = _runs(run, o)
-  res = minimal_pairs.compare(runs, pairs, tau=o.temperature)
+  progress = (Progress("minimal_pairs", "sentences") if o.progress
+              else None)
+  res = minimal_pairs.compare(runs, pairs, tau=o.temperature,
+                              progress=progress)
   return [_json(out, "minimal_pairs.json", res, src),
           minimal_pairs.plot_categories(res["results"],
                                         list(o.labels[:len(runs)]),
@@ -354,10 +359,11 @@ def _check_values(o: Options) -> None:
 
 
 def _given(o: Options) -> list[str]:
-  """The options set to other than their defaults."""
+  """The inputs set to other than their defaults (`progress` is how to
+  report, read by whichever analyses are long, not an input)."""
   default = Options()
-  return [f.name for f in dataclasses.fields(o)
-          if getattr(o, f.name) is not getattr(default, f.name)
+  return [f.name for f in dataclasses.fields(o) if f.name != "progress"
+          and getattr(o, f.name) is not getattr(default, f.name)
           and getattr(o, f.name) != getattr(default, f.name)]
 
 

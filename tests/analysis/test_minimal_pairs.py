@@ -235,3 +235,37 @@ def test_blimp_through_its_builder_equals_the_jsonl_files(tmp_path,
   with pytest.raises(ValueError, match="unknown phenomena"):
     mp.blimp_pairs(data_dir=str(tmp_path / "tfds"), manual_dir=str(manual),
                    verify_checksums=False, phenomena=["nope"])
+
+
+def test_progress_counts_every_sentence_of_every_run():
+  """evaluate reports the sentences scored after each batch (two a pair);
+  compare counts the runs' sentences as one job."""
+  run = _BigramRun()
+  pairs = [mp.Pair("The cat sleeps.", "The cat sleep.", "a")] * 5
+  calls = []
+  mp.evaluate(run, pairs, batch_size=4,
+              progress=lambda done, total: calls.append((done, total)))
+  assert calls == [(4, 10), (8, 10), (10, 10)]
+  calls.clear()
+  mp.compare([run, _BigramRun(seed=1)], pairs, batch_size=8,
+             progress=lambda done, total: calls.append((done, total)))
+  assert calls == [(8, 20), (10, 20), (18, 20), (20, 20)]
+
+
+def test_progress_line_every_interval_and_at_the_end():
+  """common.Progress prints at most once per interval, always at the end,
+  with the time left at the rate so far (hand-computed)."""
+  import io
+
+  from sorjax.analysis.common import Progress
+  now, out = [0.0], io.StringIO()
+  p = Progress("blimp", "sentences", stream=out, every=30,
+               clock=lambda: now[0])
+  for t, done in [(10, 100), (40, 400), (50, 500), (300, 3000),
+                  (400, 4000)]:
+    now[0] = t
+    p(done, 4000)
+  assert out.getvalue().splitlines() == [
+      "blimp: 400 of 4,000 sentences (10%), 40 s, ~6.0 min left",
+      "blimp: 3,000 of 4,000 sentences (75%), 5.0 min, ~1.7 min left",
+      "blimp: 4,000 of 4,000 sentences (100%), 6.7 min"]

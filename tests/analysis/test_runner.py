@@ -51,6 +51,22 @@ def test_minimal_pairs_and_token_losses_write_their_files(tmp_path):
   assert [r["categories"]["agr"]["pairs"] for r in res["results"]] == [1, 1]
 
 
+def test_minimal_pairs_progress_goes_to_stderr_when_asked(tmp_path, capsys):
+  """analyze passes progress=True: the two runs' four sentences, at the
+  end; without it the analysis prints nothing."""
+  run, other = _BigramRun(), _BigramRun(seed=3)
+  for progress in (False, True):
+    runner.run_analyses(run, "minimal_pairs", str(tmp_path / "out"),
+                        pairs=(_pairs_file(tmp_path),), compare=other,
+                        progress=progress)
+    err = capsys.readouterr().err
+    assert (err.startswith("minimal_pairs: 4 of 4 sentences (100%), ")
+            if progress else err == "")
+  # not an input that the analyses named must read
+  runner.run_analyses(run, "token_losses", str(tmp_path / "out"),
+                      sentence="the cat", progress=True)
+
+
 def _pairs_file(tmp_path):
   return _write(tmp_path / "p.jsonl", [
       {"sentence_good": "the cat sleeps", "sentence_bad": "the cat sleep",

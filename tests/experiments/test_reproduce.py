@@ -151,6 +151,36 @@ def test_items_7_and_8_share_the_wikitext2_runs(tmp_path, monkeypatch):
   assert [r["name"] for r in ctx8.runs] == ["lstm", "attention2"]
 
 
+def test_item_8_scores_each_seed_of_both_models_with_progress(
+    tmp_path, monkeypatch, capsys):
+  """BLiMP at 100 pairs per phenomenon, every replica of both models
+  (a bigram LM per seed here), one progress count over all of them."""
+  from sorjax.analysis import minimal_pairs
+  from tests.analysis.test_minimal_pairs import _BigramRun
+  pairs = ([minimal_pairs.Pair("the cat sleeps", "the cat sleep", "agr")]
+           * 101 + [minimal_pairs.Pair("the cats sleep", "the cats sleeps",
+                                       "npi")] * 3)
+  monkeypatch.setattr(minimal_pairs, "blimp_pairs", lambda: pairs)
+  monkeypatch.setattr(reproduce, "_wikitext2_runs", lambda ctx, names: {
+      n: os.path.join(ctx.root, n) for n in names})
+  monkeypatch.setattr(reproduce, "restore", lambda wd, r: _BigramRun(
+      seed=r + (10 if wd.endswith("attention,2") else 0)))
+  res = reproduce.item_blimp(reproduce.Context(str(tmp_path), "cpu", 2))
+  for seeds, label in (((0, 1), "lstm"), ((10, 11), "attention,2")):
+    want = [_BigramRun(seed=s) for s in seeds]
+    acc = [np.mean([r.score(["the", "cat", "sleeps"]) > r.score(
+        ["the", "cat", "sleep"])] * 100 + [r.score(["the", "cats", "sleep"])
+                                           > r.score(["the", "cats",
+                                                      "sleeps"])] * 3)
+           for r in want]
+    assert res["results"][label]["pairs"] == 103
+    assert res["results"][label]["accuracy"]["mean"] == pytest.approx(
+        np.mean(acc))
+  # 4 evaluations x 206 sentences, in one count
+  assert capsys.readouterr().err.splitlines()[-1].startswith(
+      "blimp: 824 of 824 sentences (100%), ")
+
+
 def test_item_9_trains_and_fits_the_ptb_and_markov_baselines(tmp_path,
                                                            monkeypatch):
   """The Markov control trains the baseline on each corpus with the same
