@@ -201,7 +201,8 @@ def solve(build: Callable[..., Any], budget: float, *,
           ratio: float | None = None, ratio_tol: float = 0.05,
           max_size: int = 1 << 20):
   """The `build(H)` (or `build(H, M)`) whose parameter count is closest to
-  `budget`, within `tol`.
+  `budget`, within `tol`. Of sizes equally close, the smaller H wins (and,
+  where M is tuned, first the M nearer ratio * H): the cheaper model.
 
   Args:
     build: H -> a model (`LanguageModel`, `DyckModel`) or a cell; with
@@ -263,7 +264,7 @@ def solve(build: Callable[..., Any], budget: float, *,
       pairs += [(H, M) for M in _around(lambda M, H=H: n(H, M), budget,
                                         m_of(H), lo, hi)]
     best = min(pairs, key=lambda p: (abs(err(*p)),
-                                     abs(p[1] / (ratio * p[0]) - 1)))
+                                     abs(p[1] / (ratio * p[0]) - 1), p[0]))
   if abs(err(*best)) > tol:
     around = ", ".join(
         f"H={H}{'' if M is None else f', M={M}'} gives {n(H, M):,} "

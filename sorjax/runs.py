@@ -81,7 +81,9 @@ class Run:
 
   def log_probs(self, tokens, lengths=None, temperature=None) -> np.ndarray:
     """Next-token log-probabilities [B, T, V] of int tokens [B, T] (or [T],
-    or a string for the run's tokenizer): row t is p(token t+1 | ..t)."""
+    or a string for the run's tokenizer): row t is p(token t+1 | ..t).
+    With `lengths`, a row's steps from its length on are padding: the head
+    of a zero trunk output whatever the tokens there (mask them)."""
     if self.task.name not in ("lm", "dyck_lm"):
       raise ValueError(f"log_probs needs a next-token task (lm, dyck_lm); "
                        f"this run is {self.task.name!r}")

@@ -291,6 +291,14 @@ def test_solver_on_a_bare_cell_counts_the_recurrent_part():
         27 * H + H * H + H - 100_000)
 
 
+def test_solver_breaks_a_tie_for_the_smaller_size():
+  # a bare RNN cell with one input has H^2 + 2H parameters: H = 3 and 4
+  # give 15 and 24, each 4.5 from a budget of 19.5
+  cell = budget.solve(lambda H: cells.make("rnn", hidden_size=H), 19.5,
+                      input_size=1, tol=0.25)
+  assert cell.hidden_size == 3
+
+
 def test_solver_errors_name_the_sizes():
   with pytest.raises(ValueError, match="even H=1 has .* over the budget"):
     budget.solve(lm("lstm", 1, 10_000, 64), 500_000)

@@ -1,6 +1,7 @@
 """Frequency-binned perplexity and the paired bootstrap (Mahto 3.2.2):
 bins on hand counts, stream-order reassembly, CIs against a NumPy loop."""
 
+import itertools
 import math
 import types
 
@@ -84,6 +85,21 @@ def test_bootstrap_matches_a_naive_resampling_loop():
     assert out[key]["ci"][1] == pytest.approx(hi, abs=0.04)
   with pytest.raises(ValueError, match="aligned 1-D"):
     P.bootstrap_difference(nll_a, nll_b[:-1], bins)
+
+
+def test_bootstrap_reports_the_mean_not_the_median_of_the_resamples():
+  # mean_diff is the mean over resamples (module docstring), on a skewed
+  # case: 3 chunks, all 27 equally likely resamples enumerated exactly.
+  nll_a = np.array([0.0, 0.0, 1.0, 1.0, 4.0, 4.0])     # chunks of 2 tokens
+  out = P.bootstrap_difference(nll_a, np.zeros(6), np.zeros(6, int), chunk=2,
+                               num_resamples=10_000, seed=3)["bins"]
+  means = nll_a.reshape(3, 2).mean(1)
+  d = np.array([math.exp(means[list(p)].mean()) - 1.0
+                for p in itertools.product(range(3), repeat=3)])
+  assert np.median(d) == pytest.approx(math.expm1(5 / 3))  # 4.29 vs mean 7.78
+  for key in ("above 10K", P.ALL):
+    assert out[key]["diff"] == pytest.approx(math.expm1(5 / 3))
+    assert out[key]["mean_diff"] == pytest.approx(d.mean(), abs=0.4)  # 4 se
 
 
 class _StreamTask:

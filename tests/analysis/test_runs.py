@@ -2,6 +2,7 @@
 lengths, temperature) and load_config names what is wrong with a damaged
 config.json."""
 
+import dataclasses
 import json
 import math
 
@@ -76,6 +77,28 @@ def test_log_probs_with_valid_lengths_and_ragged_tokens(run):
     run.log_probs([[1, 2], [1]])
   with pytest.raises(ValueError, match="text needs a run of a text task"):
     run.log_probs("(()")
+
+
+def test_log_probs_of_ragged_rows_ignore_the_padding(run):
+  # lengths reach the model: a padded step's trunk output is zero
+  # (layer_scan), so there log_probs = log_softmax(head bias), whatever the
+  # padding tokens; valid steps equal the row alone, unpadded.
+  bias = np.array([0.5, -1.0, 2.0, 0.0, 0.3, -0.7], np.float32)
+  p = jax.tree.map(np.asarray, run.all_params)
+  p["head"]["bias"] = bias[None]
+  r = dataclasses.replace(run, all_params=p)
+  tokens = np.array([[1, 2, 0, 3, 4, 1], [2, 1, 1, 0, 3, 4]], np.int32)
+  other = tokens.copy()
+  other[0, 2:] = [4, 4, 0, 2]                 # different padding in row 0
+  lp = r.log_probs(tokens, lengths=[2, 6])
+  b = bias.astype(np.float64)
+  want = b - b.max() - np.log(np.exp(b - b.max()).sum())
+  np.testing.assert_allclose(lp[0, 2:], np.broadcast_to(want, (4, 6)),
+                             atol=1e-6)
+  np.testing.assert_allclose(lp[0, :2], r.log_probs(tokens[0, :2]), atol=1e-6)
+  np.testing.assert_allclose(lp[1], r.log_probs(tokens[1]), atol=1e-6)
+  np.testing.assert_allclose(r.log_probs(other, lengths=[2, 6]), lp,
+                             atol=1e-6)
 
 
 def _without(section):

@@ -107,6 +107,29 @@ def test_trace_forget_gates_and_memory_match_a_numpy_lstm_loop():
       + np.asarray(dec["bias"]), logits, atol=1e-5)
 
 
+def test_split_traces_carry_an_lm_stream_across_its_windows():
+  # An LM split's TBPTT windows continue each other: their traces equal one
+  # NumPy loop over each whole stream row (batchify: row i = ids[12i:12i+12]).
+  task = _Task(_model([cells.make("lstm", hidden_size=4, forget_bias=1.0)]),
+               name="lm")
+  task.data_cfg = types.SimpleNamespace(eval_batch_size=2, eval_bptt=4)
+  ids = np.array([1, 2, 3, 4, 5, 6, 0, 2, 2, 0, 3, 1,
+                  6, 5, 4, 3, 2, 1, 0, 1, 4, 4, 2, 6], np.int32)
+  task.split_ids = {"test": ids}
+  params = task.init_params(jax.random.key(1))
+  params = jax.tree_util.tree_map(lambda a: 2.0 * a + 0.1, params)
+  out = list(traces.split_traces(task, params, "test"))
+  assert [m.sum(1).tolist() for _, m in out] == [[4, 4], [4, 4], [3, 3]]
+  got_c = np.concatenate([np.asarray(t.layers[0].c)[:, m[0]]
+                          for t, m in out], 1)
+  got_h = np.concatenate([np.asarray(t.layers[0].h)[:, m[0]]
+                          for t, m in out], 1)
+  x = np.asarray(params["embedding"], np.float64)[ids.reshape(2, 12)[:, :11]]
+  _, C, H = _np_lstm(params["layer_0"], x, np.array([11, 11]), 1.0)
+  np.testing.assert_allclose(got_c, C, atol=1e-5)
+  np.testing.assert_allclose(got_h, H, atol=1e-5)
+
+
 def test_equations_2_and_3_on_hand_values():
   T = np.array([1.0, 5.0, 300.0])
   np.testing.assert_allclose(ts.timescale_from_forget(np.exp(-1 / T)), T)
