@@ -14,6 +14,7 @@ them).
 from __future__ import annotations
 
 import logging as std_logging
+import os
 import sys
 
 import jax
@@ -25,10 +26,13 @@ flags.DEFINE_list("analyses", None, "Comma-separated analyses to run "
                   "('help' lists them).")
 flags.DEFINE_string("step", "best", "Checkpoint: best, latest or a step.")
 flags.DEFINE_integer("replica", 0, "Which replica's params to analyse "
-                     "(of --workdir's run; --compare's is its replica 0).")
+                     "(of --workdir's run).")
 flags.DEFINE_string("compare", None, "A second run's work directory "
                     "(frequency, minimal_pairs, token_losses, perplexity).")
 flags.DEFINE_string("compare_step", "best", "The second run's checkpoint.")
+flags.DEFINE_integer("compare_replica", 0, "The second run's replica (the "
+                     "same directory as --workdir with another replica "
+                     "compares seeds).")
 flags.DEFINE_list("labels", None, "Names of the run and the compared run "
                   "in figures (default: the directories' names).")
 flags.DEFINE_string("split", None, "Split to analyse (default: the task's "
@@ -57,10 +61,10 @@ flags.DEFINE_string("out", None, "Output directory (default RUN/analysis).")
 
 # Flags read by some analyses only: one given to none of the chosen ones is
 # an error (runner.run_analyses' `given`).
-OPTION_FLAGS = ("compare", "compare_step", "labels", "split", "pairs",
-                "category_field", "sentence", "temperature", "num_resamples",
-                "seed", "max_tokens", "max_sequences", "max_trees",
-                "position", "data_dir")
+OPTION_FLAGS = ("compare", "compare_step", "compare_replica", "labels",
+                "split", "pairs", "category_field", "sentence",
+                "temperature", "num_resamples", "seed", "max_tokens",
+                "max_sequences", "max_trees", "position", "data_dir")
 
 
 def _step(value: str):
@@ -68,21 +72,31 @@ def _step(value: str):
 
 
 def _restore_compared(compare: str):
-  """--compare's run at --compare_step; its errors name those flags."""
+  """--compare's run at --compare_step, replica --compare_replica; its
+  errors name those flags."""
   import sorjax
   from sorjax.analysis.common import AnalysisError
   try:
-    return sorjax.restore(compare, _step(FLAGS.compare_step))
+    return sorjax.restore(compare, _step(FLAGS.compare_step),
+                          FLAGS.compare_replica)
   except (ValueError, OSError, KeyError) as e:
     raise AnalysisError(f"--compare={FLAGS.compare} "
-                        f"(--compare_step={FLAGS.compare_step}): {e}"
+                        f"(--compare_step={FLAGS.compare_step}, "
+                        f"--compare_replica={FLAGS.compare_replica}): {e}"
                         ) from None
+
+
+def _label(workdir: str, replica: int) -> str:
+  """A run's default name in figures: its directory (and replica)."""
+  name = os.path.basename(os.path.normpath(workdir))
+  return f"{name} replica {replica}" if replica else name
 
 
 def _given() -> list[str]:
   given = [f for f in OPTION_FLAGS if FLAGS[f].present]
-  if "compare_step" in given and not FLAGS.compare:
-    raise app.UsageError("--compare_step needs --compare")
+  for flag in ("compare_step", "compare_replica"):
+    if flag in given and not FLAGS.compare:
+      raise app.UsageError(f"--{flag} needs --compare")
   return given
 
 
@@ -98,8 +112,6 @@ def main(argv):
     raise app.UsageError("--workdir and --analyses are required")
   given = _given()
   std_logging.getLogger("absl").setLevel(std_logging.WARNING)
-  import os
-
   import sorjax
   from sorjax.analysis.common import AnalysisError
   # ~ as a shell expands it (it does not after --workdir=)
@@ -110,8 +122,8 @@ def main(argv):
     run = sorjax.restore(workdir, _step(FLAGS.step), FLAGS.replica)
     other = _restore_compared(compare) if compare else None
     labels = tuple(FLAGS.labels or (
-        os.path.basename(os.path.normpath(workdir)),
-        os.path.basename(os.path.normpath(compare or "other"))))
+        _label(workdir, FLAGS.replica),
+        _label(compare or "other", FLAGS.compare_replica)))
     if len(labels) != 2:
       raise AnalysisError(f"--labels needs two names, got {list(labels)}")
     options = runner.Options(

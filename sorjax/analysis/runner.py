@@ -337,7 +337,8 @@ _DATA_FIELDS = {"lm": ("corpus",), "dyck_lm": ("k", "m"),
                 "dyck_closing": ("k", "m"), "dyck_pcfg": ("preset",),
                 "trees": ("dataset", "experiment")}
 _POSITIVE = ("num_resamples", "max_tokens", "max_sequences", "max_trees")
-ALIASES = {"compare_step": "compare"}   # command-line flags -> Options
+# command-line flags -> Options
+ALIASES = {"compare_step": "compare", "compare_replica": "compare"}
 
 
 def names() -> list[str]:

@@ -247,8 +247,38 @@ def test_the_cli_names_analyses_and_compare_before_restoring(dyck_run,
   res = analyze(f"--workdir={dyck_run}", "--analyses=perplexity",
                 f"--compare={none}", "--compare_step=latest")
   assert res.returncode == 1
-  assert (f"analysis error: --compare={none} (--compare_step=latest): "
+  assert (f"analysis error: --compare={none} (--compare_step=latest, "
+          "--compare_replica=0): " in res.stderr), res.stderr[-2000:]
+
+
+def test_the_cli_compares_another_replica_of_the_same_run(lm_run,
+                                                         tmp_path):
+  """--compare_replica picks the compared run's seed (it was always 0);
+  its errors name it, and without --compare it is a usage error."""
+  def analyze(*args):
+    return subprocess.run([sys.executable, "-m", "experiments.analyze",
+                           f"--workdir={lm_run}", "--analyses=perplexity",
+                           *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=300)
+  res = analyze(f"--compare={lm_run}", "--compare_replica=1",
+                f"--out={tmp_path}")
+  assert res.returncode == 0, res.stderr[-2000:]
+  with open(tmp_path / "perplexity.json") as f:
+    ppl = json.load(f)
+  assert ppl["source"]["replica"] == 0
+  assert ppl["source"]["compare"]["replica"] == 1
+  other = sorjax.restore(lm_run, replica=1)
+  assert ppl["other"]["cross_entropy"] == pytest.approx(
+      perplexity.perplexity(other)["cross_entropy"])
+  res = analyze(f"--compare={lm_run}", "--compare_replica=2",
+                f"--out={tmp_path}")
+  assert res.returncode == 1
+  assert (f"analysis error: --compare={lm_run} (--compare_step=best, "
+          "--compare_replica=2): replica 2 out of range: the run has 2"
           in res.stderr), res.stderr[-2000:]
+  res = analyze("--compare_replica=1")
+  assert res.returncode == 1
+  assert "--compare_replica needs --compare" in res.stderr
 
 
 def test_compare_gets_the_same_temperature_and_the_source_is_recorded(
