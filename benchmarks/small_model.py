@@ -101,7 +101,7 @@ class TorchLSTM:
   label = "torch.nn.LSTM"
 
   def __init__(self):
-    from benchmarks.run import Worker
+    from benchmarks.workers import Worker
     os.environ["SORJAX_BENCH_TORCH_THREADS"] = "1"
     self.w = Worker("benchmarks.torch_worker",
                     Path(f"/tmp/sorjax-small-model-{os.getpid()}.log"))

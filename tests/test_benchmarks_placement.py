@@ -5,7 +5,8 @@ import shutil
 
 import pytest
 
-from benchmarks import placement, run
+from benchmarks import contenders, placement, report
+from benchmarks.groups import Group, placement_floor
 
 # the probe needs a C compiler and two usable CPUs (also read by the
 # benchmark's smoke run)
@@ -59,7 +60,7 @@ def test_probe_without_compiler_says_why(monkeypatch):
   monkeypatch.setenv("CC", "no-such-compiler-sorjax")
   p = placement.Prober(cpus=[0, 1])
   assert p.probe() is None and "no-such-compiler-sorjax" in p.error
-  text = run.placement_text([run.Group([], [_timed([1.0], [None])])],
+  text = report.placement_text([Group([], [_timed([1.0], [None])])],
                             p.error)
   assert text.endswith("Not probed: no C compiler: "
                        "'no-such-compiler-sorjax' (set $CC) is not on PATH.")
@@ -77,7 +78,7 @@ def test_command_line_watch(capsys):
 def _timed(rates, hops, spec=None, framework="jax", flops_per_token=None):
   """A contender whose timed round r was probed at hops[r] (before and
   after alike, or a (before, after) pair)."""
-  c = run.Contender("k", spec or {"impl": "matmul", "framework": framework,
+  c = contenders.Contender("k", spec or {"impl": "matmul", "framework": framework,
                                   "n": 2}, framework, flops_per_token)
   c.rates = list(rates)
   c.cores = [dict(own=1.9, others=0.0, seconds=0.3,
@@ -94,21 +95,21 @@ def test_ratio_and_fraction_at_a_placement():
                 flops_per_token=10)
   peer = _timed([100, 100, 100, 200], [near, apart, apart, near])
   mm = _timed([2, 2, 2, 2], [near] * 4, flops_per_token=1000)  # 2000 FLOP/s
-  g = run.Group([mm], [ours, peer])
+  g = Group([mm], [ours, peer])
   assert g.ratio(ours, peer) == pytest.approx(1.1)         # every round
   assert g.ratio(ours, peer, ("near", 25.0)) == pytest.approx(1.2)
   assert g.ratio(ours, peer, ("apart", 25.0)) == pytest.approx(0.8)
   assert g.fraction(ours, ("near", 25.0)) == pytest.approx(
       (1200 / 2000 + 2400 / 2000) / 2)
   assert g.fraction(ours, ("apart", 25.0)) == pytest.approx(800 / 2000)
-  assert run.placement_floor([g]) == 25.0
+  assert placement_floor([g]) == 25.0
   # a contender never timed apart has no apart rounds to give
   assert g.ratio(mm, ours, ("apart", 25.0)) is None
 
 
 def _pair(ours_rates, peer_rates, hops):
-  ours = run.sorjax("lstm", 2, 5, 8)
-  peer = run.lstm_peer("torch_lstm", 2, 5, 8, "torch")
+  ours = contenders.sorjax("lstm", 2, 5, 8)
+  peer = contenders.lstm_peer("torch_lstm", 2, 5, 8, "torch")
   return (_timed(ours_rates, hops, ours.spec),
           _timed(peer_rates, hops, peer.spec, "torch"))
 
@@ -116,15 +117,15 @@ def _pair(ours_rates, peer_rates, hops):
 def test_targets_give_their_values_near_and_apart():
   a1, t1 = _pair([110, 80], [100, 100], [26.0, 170.0])
   a2, t2 = _pair([120, 90], [100, 100], [25.0, 180.0])
-  g1, g2 = run.Group([], [a1, t1]), run.Group([], [a2, t2])
+  g1, g2 = Group([], [a1, t1]), Group([], [a2, t2])
   cell = _timed([100, 50], [26.0, 170.0], flops_per_token=10)
   mm = _timed([2, 2], [26.0, 26.0], flops_per_token=1000)  # 2000 FLOP/s
-  rep = run.Report()
+  rep = report.Report()
   rep.target("lstm >= 1.0x torch", True, "0.95x", (a1, t1, 1.0))
   rep.target("cell at 70%", False, "38%",
-             frac=(run.Group([mm], [cell]), cell))
+             frac=(Group([mm], [cell]), cell))
   rep.target("memory", True, "1/20")                   # neither: as given
-  text = run.targets_text(rep, [g1, g2])
+  text = report.targets_text(rep, [g1, g2])
   # per-round ratios near 1.1, 1.2 and apart 0.8, 0.9, pooled over groups;
   # the verdict stays the median over the groups (0.95x, 1.05x -> 1.00x)
   assert ("| lstm >= 1.0x torch | met | 0.95x; 2 groups of this run timed "
@@ -135,25 +136,25 @@ def test_targets_give_their_values_near_and_apart():
   assert "| memory | met | 1/20 |" in text
   # every round near: nothing to split, the table is as before
   b1, u1 = _pair([110, 80], [100, 100], [26.0, 30.0])
-  quiet = run.Report()
+  quiet = report.Report()
   quiet.target("lstm >= 1.0x torch", True, "0.95x", (b1, u1, 1.0))
-  assert "| lstm >= 1.0x torch | met | 0.95x |" in run.targets_text(
-      quiet, [run.Group([], [b1, u1])])
+  assert "| lstm >= 1.0x torch | met | 0.95x |" in report.targets_text(
+      quiet, [Group([], [b1, u1])])
 
 
 def test_placement_text_gives_what_apart_costs_each_contender():
   near, apart = 26.0, 170.0
   sensitive = _timed([100, 100, 75, 77], [near, near, apart, apart],
-                     run.sorjax("lstm", 2, 5, 8).spec)
+                     contenders.sorjax("lstm", 2, 5, 8).spec)
   steady = _timed([50, 50, 50], [near, apart, (near, apart)])
   only_near = _timed([10, 10], [near, near], flops_per_token=1)
-  text = run.placement_text(
-      [run.Group([only_near], [sensitive]), run.Group([], [steady])], None)
+  text = report.placement_text(
+      [Group([only_near], [sensitive]), Group([], [steady])], None)
   assert "The fastest reading of the run is 26.0 ns" in text
   assert "Timed rounds: 5 near, 3 apart, 1 moved." in text
   assert "| 1 | sorjax lstm | 2 / 2 | 100 | 76 | 0.76x |" in text
   assert "| 2 | jax matmul 2^3 | 1 / 1 | 50 | 50 | 1.00x |" in text
   assert "| 1 | jax matmul 2^3 |" not in text   # never apart: not listed
   # stopped probing mid-run: the reason is given
-  assert "probing stopped: hop 0 1: exit 3" in run.placement_text(
-      [run.Group([], [sensitive])], "hop 0 1: exit 3")
+  assert "probing stopped: hop 0 1: exit 3" in report.placement_text(
+      [Group([], [sensitive])], "hop 0 1: exit 3")

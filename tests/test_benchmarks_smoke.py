@@ -23,7 +23,10 @@ import numpy as np
 import pytest
 
 import sorjax
-from benchmarks import flops, jax_worker, naive, run, specs
+from benchmarks import (contenders, flops, jax_worker, naive, profiles,
+                        report, run, specs, workers)
+from benchmarks.bench import Bench
+from benchmarks.groups import BUSY_MIN_S, Group, pooled
 from tests.cells.reference import intermediate_shapes
 from tests.test_benchmarks_placement import CAN_PROBE
 
@@ -81,7 +84,7 @@ def test_jax_step_forms_no_input_gradient():
 @needs_torch
 def test_torch_step_forms_no_input_gradient():
   from benchmarks import torch_worker
-  case = torch_worker.make_case(run.cell_spec("torch_loop", "mrnn", 2, 3, 4))
+  case = torch_worker.make_case(contenders.cell_spec("torch_loop", "mrnn", 2, 3, 4))
   assert not case.x.requires_grad
   case.step()
   assert case.x.grad is None
@@ -93,7 +96,7 @@ def test_flops_unknown_cell_is_named():
 
 
 def test_every_benchmarked_cell_has_a_flop_count():
-  for name in run._ALL:
+  for name in profiles.ALL_CELLS:
     hp = specs.cell_hparams(name, 8)
     assert flops.train_flops(name, hp, specs.input_size(name, 8)) > 0
 
@@ -101,14 +104,14 @@ def test_every_benchmarked_cell_has_a_flop_count():
 def test_host_malloc_gives_every_worker_the_tunables(monkeypatch):
   from sorjax import host_memory
   monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
-  assert run.host_malloc_env("default") == {}
-  assert run.host_malloc_env("reuse") == {"GLIBC_TUNABLES": host_memory.TUNABLES}
+  assert workers.host_malloc_env("default") == {}
+  assert workers.host_malloc_env("reuse") == {"GLIBC_TUNABLES": host_memory.TUNABLES}
   monkeypatch.setenv("GLIBC_TUNABLES", "glibc.malloc.hugetlb=1")
-  assert run.host_malloc_env("reuse")["GLIBC_TUNABLES"] == (
+  assert workers.host_malloc_env("reuse")["GLIBC_TUNABLES"] == (
       host_memory.TUNABLES + ":glibc.malloc.hugetlb=1")
   assert run.parse_args(["--host-malloc", "reuse"]).host_malloc == "reuse"
   monkeypatch.delenv("GLIBC_TUNABLES")
-  assert run.host_malloc_env("hugepages") == {
+  assert workers.host_malloc_env("hugepages") == {
       "GLIBC_TUNABLES": host_memory.HUGEPAGE_TUNABLES}
 
 
@@ -164,7 +167,7 @@ def test_split_cells_are_the_ones_with_a_split_step():
   """specs.SPLIT (the 'fused' section's cells) is every cell sorjax.unroll
   can run with fused_grad=True."""
   from sorjax.unroll import supports_fused_grad
-  split = {n for n in run._ALL if supports_fused_grad(
+  split = {n for n in profiles.ALL_CELLS if supports_fused_grad(
       sorjax.cells.make(n, **specs.cell_hparams(n, 8)))}
   assert split == set(specs.SPLIT)
 
@@ -198,7 +201,7 @@ def test_node_by_node_equals_level_schedule():
 # ------------------------------------------------------------------ statistics
 
 def _fake(rates, flops_per_token=None, framework="jax"):
-  c = run.Contender("k", {"impl": "matmul", "framework": framework, "n": 2},
+  c = contenders.Contender("k", {"impl": "matmul", "framework": framework, "n": 2},
                     framework, flops_per_token)
   c.rates = list(rates)
   return c
@@ -209,7 +212,7 @@ def test_paired_ratio_and_roofline_fraction():
   a, b = _fake([200, 100, 400]), _fake([100, 50, 200])
   mm_x = _fake([10, 5, 20], flops_per_token=100)          # 1000, 500, 2000
   mm_t = _fake([12, 4, None], flops_per_token=100, framework="torch")
-  g = run.Group([mm_x, mm_t], [a, b])
+  g = Group([mm_x, mm_t], [a, b])
   assert g.ratio(a, b) == 2.0
   assert g.roof == [1200, 500, 2000]                        # the faster per round
   a.flops_per_token = 3
@@ -222,14 +225,14 @@ def test_proc_stat_cpu_seconds_reads_utime_and_stime():
   # a command name with a space and a parenthesis; utime 250, stime 50 ticks
   stat = ("4242 (python -m x)) S 1 2 3 4 5 6 7 8 9 10 250 50 0 0 20 0 3 0 "
           "100 2000 300")
-  assert run.proc_stat_cpu_seconds(stat) == pytest.approx(300 / tick)
+  assert workers.proc_stat_cpu_seconds(stat) == pytest.approx(300 / tick)
   me = Path(f"/proc/{os.getpid()}/stat")
   if me.exists():
-    before = run.proc_stat_cpu_seconds(me.read_text())
+    before = workers.proc_stat_cpu_seconds(me.read_text())
     t0 = time.process_time()
     while time.process_time() - t0 < 0.1:
       pass
-    assert run.proc_stat_cpu_seconds(me.read_text()) - before >= 0.05
+    assert workers.proc_stat_cpu_seconds(me.read_text()) - before >= 0.05
 
 
 def test_cpu_text_names_rounds_where_other_workers_were_busy():
@@ -241,19 +244,19 @@ def test_cpu_text_names_rounds_where_other_workers_were_busy():
   failed.cores = [None]
   # busy by the ratio but below two clock ticks: /proc cannot tell
   blur = _fake([1])
-  blur.cores = [dict(own=1.0, others=5.0, seconds=run.BUSY_MIN_S / 10)]
-  text = run.cpu_text([run.Group([quiet], [noisy]), run.Group([], [failed,
+  blur.cores = [dict(own=1.0, others=5.0, seconds=BUSY_MIN_S / 10)]
+  text = report.cpu_text([Group([quiet], [noisy]), Group([], [failed,
                                                                    blur])])
   assert "1 of 5 timed rounds had the other workers use more than" in text
   assert text.endswith("| 1 | jax matmul 2^3 | 1 of 2 | 0.90 | 1.40 |")
-  assert run.cpu_text([run.Group([], [quiet])]).endswith(
+  assert report.cpu_text([Group([], [quiet])]).endswith(
       "0 of 2 timed rounds had the other workers use more than 0.1 cores.")
 
 
 def _pair(ours_rates, peer_rates):
   # Each section builds its own Contender objects; groups match them by spec.
-  ours = run.sorjax("lstm", 2, 5, 8)
-  peer = run.lstm_peer("torch_lstm", 2, 5, 8, "torch")
+  ours = contenders.sorjax("lstm", 2, 5, 8)
+  peer = contenders.lstm_peer("torch_lstm", 2, 5, 8, "torch")
   ours.rates, peer.rates = list(ours_rates), list(peer_rates)
   return ours, peer
 
@@ -262,21 +265,21 @@ def test_a_ratio_target_is_judged_over_every_group_that_timed_its_pair():
   a1, t1 = _pair([110, 220], [100, 200])                  # 1.10x: met alone
   a2, t2 = _pair([80, 80], [100, 100])                    # 0.80x
   a3, t3 = _pair([90, 45], [100, 50])                     # 0.90x
-  other = run.sorjax("mrnn", 2, 5, 8)
+  other = contenders.sorjax("mrnn", 2, 5, 8)
   other.rates = [50, 50]
-  groups = [run.Group([], [a1, t1]), run.Group([], [other]),
-            run.Group([], [t2, a2, other]), run.Group([], [a3, t3])]
-  assert run.pooled(groups, a1, t1) == pytest.approx([1.1, 0.8, 0.9])
-  rep = run.Report()
+  groups = [Group([], [a1, t1]), Group([], [other]),
+            Group([], [t2, a2, other]), Group([], [a3, t3])]
+  assert pooled(groups, a1, t1) == pytest.approx([1.1, 0.8, 0.9])
+  rep = report.Report()
   rep.target("lstm >= 1.0x torch", groups[0].ratio(a1, t1) >= 1.0, "1.10x",
              (a1, t1, 1.0))
   rep.target("mrnn fraction", True, "71%")                # no pair: as given
-  text = run.targets_text(rep, groups)
+  text = report.targets_text(rep, groups)
   assert ("| lstm >= 1.0x torch | NOT met | 1.10x; 3 groups of this run "
           "timed both: 1.10x / 0.80x / 0.90x, median 0.90x |") in text
   assert "| mrnn fraction | met | 71% |" in text
   # Timed in one group only, the target keeps that group's verdict.
-  assert "| lstm >= 1.0x torch | met | 1.10x |" in run.targets_text(
+  assert "| lstm >= 1.0x torch | met | 1.10x |" in report.targets_text(
       rep, groups[:2])
 
 
@@ -284,9 +287,9 @@ def test_warmup_rounds_are_timed_and_dropped(tmp_path, monkeypatch):
   """Each contender is timed warmup_rounds + rounds times, in rotating
   order; only the last `rounds` timings become rates."""
   args = run.parse_args(["--smoke", "--no-torch"])
-  profile = dataclasses.replace(run.PROFILES["smoke"], rounds=3,
+  profile = dataclasses.replace(profiles.PROFILES["smoke"], rounds=3,
                                 warmup_rounds=2)
-  bench = run.Bench(args, profile, False, tmp_path / "log")
+  bench = Bench(args, profile, False, tmp_path / "log")
   calls, clock = [], iter(range(1, 100))
 
   def fake_call(c, timeout, cmd, **msg):
@@ -298,7 +301,7 @@ def test_warmup_rounds_are_timed_and_dropped(tmp_path, monkeypatch):
       return {"ok": True, "seconds": k, "cpu_seconds": k}
     return {"ok": True}
 
-  monkeypatch.setattr(bench, "_call", fake_call)
+  monkeypatch.setattr(bench, "call", fake_call)
   a, b = _fake([]), _fake([])
   bench.group([a, b], roofline=False)
   times = [i for cmd, i in calls if cmd == "time"]
@@ -340,8 +343,8 @@ def test_cli_rejects_report_paths_it_could_not_write(tmp_path, capsys):
   for path, why in (
       (tmp_path / f"{long}.md", "cannot be written (File name too long)"),
       (tmp_path / "new" / long / "r.md", "longer than"),
-      (run.ROOT / "benchmarks" / "RESULTS.md", "merge by hand"),
-      (run.ROOT / "benchmarks" / ".." / "benchmarks" / "RESULTS.md",
+      (workers.ROOT / "benchmarks" / "RESULTS.md", "merge by hand"),
+      (workers.ROOT / "benchmarks" / ".." / "benchmarks" / "RESULTS.md",
        "merge by hand")):
     with pytest.raises(SystemExit):
       run.parse_args(["--out", str(path)])
@@ -403,7 +406,7 @@ def _fake_sections(monkeypatch, interrupt=None, between=None):
     def runner(b, rep):
       rep.add(f"## section {name}")
       for k in range(2):
-        g = run.Group([], [_fake([100.0 + k])])
+        g = Group([], [_fake([100.0 + k])])
         b.groups.append(g)
         b.raw.append(g.as_json())
         if name == interrupt:
@@ -411,6 +414,7 @@ def _fake_sections(monkeypatch, interrupt=None, between=None):
       if between:
         between(name)
     return runner
+  # run_args looks RUNNERS up in run (imported from benchmarks.sections)
   monkeypatch.setattr(run, "RUNNERS", {"lstm": section("a"),
                                        "gemm": section("b")})
 
@@ -458,7 +462,7 @@ def test_a_report_that_cannot_be_written_loses_not_the_other(
 
 
 def test_worker_reports_a_bad_spec_and_keeps_serving(tmp_path):
-  w = run.Worker("benchmarks.jax_worker", tmp_path / "log")
+  w = workers.Worker("benchmarks.jax_worker", tmp_path / "log")
   try:
     rep = w.request(120, cmd="prepare", id="x", spec={"impl": "nope"})
     assert not rep["ok"] and "'nope'" in rep["error"]
@@ -468,19 +472,19 @@ def test_worker_reports_a_bad_spec_and_keeps_serving(tmp_path):
 
 
 def test_a_spec_for_the_other_kind_of_jax_worker_is_refused():
-  spec = run.sorjax("lstm", 2, 3, 4, small_loops=True).spec
+  spec = contenders.sorjax("lstm", 2, 3, 4, small_loops=True).spec
   assert not jax_worker.SMALL_LOOPS
   with pytest.raises(ValueError, match="spec small_loops=True sent to a "
                      "worker with SORJAX_BENCH_SMALL_LOOPS=None"):
     jax_worker.make_case(spec)
   n = jax.device_count()
-  spec = run.sorjax("lstm", 2, 3, 4, replicas=2, devices=n + 1).spec
-  assert run.sorjax("lstm", 2, 3, 4, devices=n + 1).framework == \
-      run.host_devices_worker(n + 1)
+  spec = contenders.sorjax("lstm", 2, 3, 4, replicas=2, devices=n + 1).spec
+  assert contenders.sorjax("lstm", 2, 3, 4, devices=n + 1).framework == \
+      contenders.host_devices_worker(n + 1)
   with pytest.raises(ValueError, match=f"spec devices={n + 1} sent to a "
                      f"worker with {n} devices"):
     jax_worker.make_case(spec)
-  spec = run.sorjax("lstm", 2, 3, 4, replicas=2, replica_batch=2).spec
+  spec = contenders.sorjax("lstm", 2, 3, 4, replicas=2, replica_batch=2).spec
   with pytest.raises(ValueError, match="replica_batch must be None or "
                      "'rule', got 2"):
     jax_worker.make_case(spec)
@@ -511,8 +515,11 @@ def test_default_report_is_a_new_file_not_results_md(tmp_path, monkeypatch):
   curated = tmp_path / "benchmarks" / "RESULTS.md"
   curated.write_text("curated\n")
   # The workers still import benchmarks from this checkout.
-  monkeypatch.setenv("PYTHONPATH", str(run.ROOT))
+  monkeypatch.setenv("PYTHONPATH", str(workers.ROOT))
+  # The checkout is read where the report goes (run) and where the workers
+  # start (workers): both move.
   monkeypatch.setattr(run, "ROOT", tmp_path)
+  monkeypatch.setattr(workers, "ROOT", tmp_path)
   assert run.main(["--smoke", "--no-torch", "--sections", "unroll"]) == 0
   assert curated.read_text() == "curated\n"
   reports = list((tmp_path / "benchmarks" / "reports").glob("*-smoke.md"))
@@ -527,6 +534,7 @@ def test_a_run_whose_workers_fail_says_so_and_exits_1(tmp_path, monkeypatch,
   (tmp_path / "benchmarks").mkdir()
   monkeypatch.delenv("PYTHONPATH", raising=False)
   monkeypatch.setattr(run, "ROOT", tmp_path)
+  monkeypatch.setattr(workers, "ROOT", tmp_path)  # where the workers start
   out = tmp_path / "r.md"
   assert run.main(["--smoke", "--no-torch", "--sections", "unroll",
                    "--out", str(out)]) == 1
