@@ -154,6 +154,16 @@ def test_flags_apply_before_a_word_xla_stops_at():
   assert _printed(code)[0] == ["True"]
 
 
+def test_default_limit_is_the_documented_one_mib():
+  """The module doc's shell form of the settings (and its measurements:
+  an LSTM iteration at B=10 H=12 < 128 KB in, at B=32 H=128 > 1 MB out)."""
+  assert small_loops.MAX_BYTES == 1048576
+  assert small_loops.xla_flags() == (
+      "--xla_backend_extra_options=xla_cpu_small_while_loop_byte_threshold="
+      "1048576 --xla_cpu_experimental_ynn_fusion_type=")
+  assert 'XLA_FLAGS="' + small_loops.xla_flags() + '"' in small_loops.__doc__
+
+
 @pytest.mark.parametrize("bad", [0, -1, 1.5, "1"])
 def test_bad_byte_limit_is_named(bad):
   with pytest.raises(ValueError, match="max_bytes must be an int >= 1"):

@@ -60,6 +60,19 @@ def test_principal_angles_of_hand_built_subspaces(tmp_path):
   np.testing.assert_allclose(deg["0-2"], [45.0, 90.0], atol=1e-5)
   np.testing.assert_allclose(deg["1-2"], [0.0, 90.0], atol=1e-5)
   assert res["layers"][0]["num_cells"] == 3
+  # the smallest angle over every pair: cells 0 and 1 share e0
+  assert res["layers"][0]["min_degrees"] == pytest.approx(0.0, abs=1e-5)
+  params["layer_0"]["W_h"] = jnp.asarray(np.stack([
+      np.stack([_e(0), _e(1)]),                     # span{e0, e1}
+      np.stack([_e(0, 2), _e(3)]),                  # span{e0 + e2, e3}
+      np.stack([_e(1, 3), _e(2)])]), jnp.float32)   # span{e1 + e3, e2}
+  two = attention.principal_angles(_run(task, params))["layers"][0]
+  # 0-1 and 0-2: one shared direction at cos 1/sqrt 2, one orthogonal;
+  # 1-2: cross products [[0, 1/sqrt 2], [1/sqrt 2, 0]], cos 1/sqrt 2 twice
+  np.testing.assert_allclose(two["degrees"]["0-1"], [45.0, 90.0], atol=1e-5)
+  np.testing.assert_allclose(two["degrees"]["0-2"], [45.0, 90.0], atol=1e-5)
+  np.testing.assert_allclose(two["degrees"]["1-2"], [45.0, 45.0], atol=1e-5)
+  assert two["min_degrees"] == pytest.approx(45.0, abs=1e-5)
   attention.plot_principal_angles(res, str(tmp_path / "pabs.png"))
   assert (tmp_path / "pabs.png").stat().st_size > 0
 

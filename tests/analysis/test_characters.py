@@ -67,6 +67,13 @@ def test_position_losses_by_hand(tmp_path):
   assert res["loss"][2] == pytest.approx(10.0 * np.mean(late))
   assert res["bits"][0] == pytest.approx(res["loss"][0] / math.log(2))
   assert res["boundary"]["count"] == sum(pos[i] == 0 for i in scored)
+  # boundaries (position 0) and all scored characters: means too
+  bound = [i for i in scored if pos[i] == 0]
+  assert res["boundary"]["loss"] == pytest.approx(10.0 * np.mean(bound))
+  assert res["overall"]["count"] == len(scored)
+  assert res["overall"]["loss"] == pytest.approx(10.0 * np.mean(scored))
+  assert res["overall"]["bits"] == pytest.approx(
+      10.0 * np.mean(scored) / math.log(2))
   ch.plot_positions(res, str(tmp_path / "p.png"))
   assert (tmp_path / "p.png").stat().st_size > 0
 
@@ -85,6 +92,9 @@ def test_prediction_examples_are_bigram_argmaxes(tmp_path):
     assert e["predicted"] == "".join(" " if w == "_" else w for w in want)
     assert e["correct"] == pytest.approx(np.mean(
         [w == t for w, t in zip(want, line)]))
+    # bits: the mean -log2 p(true character | previous one), from the table
+    nll = [-run.table[vocab.id(p), vocab.id(t)] for p, t in zip(prev, line)]
+    assert e["bits"] == pytest.approx(np.mean(nll) / math.log(2))
   # both bounds inclusive: "dabcd a" has exactly 7 characters
   tight = ch.prediction_examples(run, "test", num=2, min_length=4,
                                  max_length=7)

@@ -116,3 +116,33 @@ def test_pcfg_accuracy_by_maximum_timescale(tmp_path):
   assert (tmp_path / "p.png").stat().st_size > 0
   with pytest.raises(ValueError, match="bin_width"):
     dyck.pcfg_timescales(_run(_PCFGTask()), "test", bin_width=0)
+
+
+class _PaddedPCFGTask(_PCFGTask):
+  """Every real step predicted right, every padded step (t >= length) of
+  the real rows wrong; the train split differs from the test split."""
+
+  def __init__(self):
+    super().__init__()
+    self.splits = {"train": [np.array([0, 1, 0, 2, 3, 2])],   # ( [ ( ) ] )
+                   "test": PCFG_SEQS}
+
+  def predictions(self, params, split, temperature):
+    batch, b, probs, _ = next(super().predictions(params, split, temperature))
+    probs[2, 4, 1] = 0.1                       # the third sequence right too
+    for r, n in enumerate(batch.lengths):
+      probs[r, n:] = 0.9                       # padded steps: all wrong
+    yield batch, b, probs, None
+
+
+def test_pcfg_accuracy_ignores_padded_steps_and_bins_include_their_low_edge():
+  res = dyck.pcfg_timescales(_run(_PaddedPCFGTask()), "test", bin_width=3)
+  assert res["per_sequence"]["correct"].tolist() == [True, True, True]
+  assert res["sequence_accuracy"] == 1.0
+  # Max timescales 1, 3, 3: bins [0, 3) and [3, 6), 3 in the second.
+  assert [(b["low"], b["high"], b["sequences"]) for b in res["bins"]] == [
+      (0, 3, 1), (3, 6, 2)]
+  # Fig. 2 right: the train split's pairs only: ( [ ( ) ] ) has 5, 3, 1.
+  t = res["train_timescales"]
+  assert t["timescale"].tolist() == [1, 3, 5]
+  assert t["count"].tolist() == [1, 1, 1]

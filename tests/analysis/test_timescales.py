@@ -262,3 +262,69 @@ def test_models_without_forget_gates_are_an_error():
   run = _free_input_run([2.0], {"test": [np.array([1, 2])]})
   with pytest.raises(AnalysisError, match="unknown split 'dev'"):
     ts.estimate(run, "dev")
+
+
+def test_correlation_leaves_out_non_positive_timescales():
+  """A unit whose f_bar is 0 has T_est = 0 (eq. 3), and log10 0 = -inf:
+  like an infinite T it is left out, not fed to the fits."""
+  assert ts.timescale_from_forget(0.0) == 0.0
+  out = ts.correlation([1.0, 10.0, 100.0, 7.0], [2.0, 20.0, 200.0, 0.0])
+  assert out["units"] == 3
+  assert out["pearson_log10"] == pytest.approx(1.0)
+  assert out["spearman"] == pytest.approx(1.0)
+  out = ts.correlation([0.0, 1.0, 10.0], [5.0, 3.0, 30.0])
+  assert out["units"] == 2 and out["pearson_log10"] == pytest.approx(1.0)
+
+
+def test_narrow_gaussian_ks_uses_sigma_as_the_standard_deviation():
+  """One point one sigma above mu: the model's CDF there is Phi(1), so
+  KS = Phi(1) (the empirical CDF jumps 0 -> 1)."""
+  phi1 = 0.5 * (1.0 + math.erf(1.0 / math.sqrt(2.0)))         # 0.8413
+  out = ts.ks_fit([2.1], alphas=(1.0,), mus=(2.0,))
+  assert out["narrow_gaussian"]["sigma"] == 0.1
+  assert out["narrow_gaussian"]["ks"][0] == pytest.approx(phi1)
+  out = ts.ks_fit([2.5], alphas=(1.0,), mus=(2.0,), sigma=1.0)
+  phi_half = 0.5 * (1.0 + math.erf(0.5 / math.sqrt(2.0)))
+  assert out["narrow_gaussian"]["ks"][0] == pytest.approx(phi_half)
+
+
+def test_forget_heatmap_groups_ten_units_from_100_units():
+  """Default group: 10 units at H >= 100 ("1 below 100 units")."""
+  T = list(np.repeat(np.geomspace(2.0, 50.0, 10), 10))      # 100 units
+  run = _free_input_run(T, {"test": [np.array([1, 2, 3])]})
+  heat = ts.forget_heatmap(run, "test")
+  layer = heat["layers"][0]
+  assert layer["group"] == 10
+  g = np.asarray(layer["gates"])
+  assert g.shape == (10, 3)
+  want = np.exp(-1 / np.geomspace(2.0, 50.0, 10))           # sorted by f
+  np.testing.assert_allclose(g, np.repeat(want[:, None], 3, 1), rtol=1e-5)
+
+
+def test_word_ablation_of_an_lstm_groups_units_by_t_est_over_valid_steps():
+  """An lstm (no assigned timescales) groups its units by T_est, f_bar
+  averaged over the valid steps only: with the forget gate's input and h
+  weights zero, f_t = sigma(b_f + forget_bias) = e^{-1/T} at every step,
+  and the groups' timescales are exactly T however much padding there is;
+  the decay is e^{-t/T} as for mts_lstm."""
+  T = np.array([8.0, 2.0, 8.0, 2.0])
+  H, E, fb = 4, 3, 1.0
+  cell = cells.make("lstm", hidden_size=H, forget_bias=fb)
+  seqs = [np.array([1, 2, 3, 1, 2, 3, 1, 2]), np.array([3, 1, 2])]
+  task = _Task(_model([cell], V=4, E=E), splits={"test": seqs})
+  params = task.init_params(jax.random.key(1))
+  W_x = np.zeros((E, 4 * H), np.float32)
+  W_x[:, 2 * H:3 * H] = np.random.default_rng(0).normal(size=(E, H))
+  b = np.zeros(4 * H, np.float32)
+  b[H:2 * H] = mts_lstm.forget_bias(T) - fb
+  params["layer_0"] = {"W_x": jnp.asarray(W_x), "W_h": jnp.zeros((H, 4 * H)),
+                       "b": jnp.asarray(b)}
+  ab = ts.word_ablation(_run(task, params), "test", position=1, group_size=2)
+  layer = ab["layers"][0]
+  assert layer["group_by"] == "T_est"
+  groups = layer["groups"]
+  assert [sorted(g["units"].tolist()) for g in groups] == [[1, 3], [0, 2]]
+  assert [g["mean_timescale"] for g in groups] == [pytest.approx(2.0, 1e-4),
+                                                   pytest.approx(8.0, 1e-4)]
+  np.testing.assert_allclose(groups[1]["curve"]["mean"],
+                             np.exp(-np.arange(7) / 8.0), rtol=1e-4)

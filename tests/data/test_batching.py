@@ -83,6 +83,16 @@ def test_fixed_bptt_windows_and_len():
   assert batches[-1].targets[:, 0].tolist() == [21, 43]
 
 
+def test_len_counts_the_windows_when_they_divide_the_input_steps():
+  # 2 streams of 11 tokens: 10 input steps (the last token is only a
+  # target), so bptt=5 makes exactly 2 windows, not ceil(11 / 5) = 3.
+  it = StreamBatcher(np.arange(22), 2, bptt=5)
+  assert len(it) == 2
+  assert [b.lengths.tolist() for b in it] == [[5, 5], [5, 5]]
+  # bptt=1: one window per input step.
+  assert len(StreamBatcher(np.arange(22), 2, bptt=1)) == 10
+
+
 def test_pad_to_gives_one_shape_and_masks_the_rest():
   it = StreamBatcher(_distinct_stream(500), 3, bptt=10, variable=True,
                      pad_to=16, pad_id=7, seed=1)
@@ -265,6 +275,24 @@ def test_shuffling_is_seeded_and_changes_with_the_epoch():
   assert order(SequenceBatcher(examples, 4, seed=4)) != first
 
 
+def test_shuffle_permutes_the_batch_order_across_buckets():
+  """The docstring: the examples of each bucket *and the order of the
+  batches* are permuted; without the second permutation the batches would
+  come bucket by bucket (all short ones first) in every epoch."""
+  examples = [np.ones(n, np.int32) for n in [2] * 16 + [9] * 16]
+  orders = []
+  for seed in range(4):
+    it = SequenceBatcher(examples, 4, boundaries=(4, 12), seed=seed)
+    for _ in range(2):                                     # two epochs
+      orders.append([b.inputs.shape[1] for b in it])
+  for T in orders:                           # 4 batches of each bucket
+    assert sorted(T) == [4] * 4 + [12] * 4
+  # Grouped by bucket, an order is 4 4 4 4 12 12 12 12 (or the reverse);
+  # a uniform batch order is so with probability 2 / C(8, 4) = 1/35 each.
+  grouped = {(4,) * 4 + (12,) * 4, (12,) * 4 + (4,) * 4}
+  assert sum(tuple(T) not in grouped for T in orders) >= 6
+
+
 def test_per_step_and_per_example_targets():
   sentences = [np.array([5, 6, 7, 8]), np.array([9, 10])]
   inputs, targets = lm_pairs(sentences, bos=1)
@@ -298,6 +326,28 @@ def test_sequence_resume_equals_uninterrupted():
     SequenceBatcher(examples[:49], 4).set_state(it.get_state())
   with pytest.raises(ValueError, match="batch 99 beyond"):
     it.set_state({**it.get_state(), "batch": 99})
+
+
+def test_sequence_resume_at_the_end_of_an_epoch():
+  """A state saved after an epoch's last batch (before the loop sees
+  StopIteration) restores, and continues with the next epoch."""
+  examples = _examples(n=10)
+  make = lambda: SequenceBatcher(examples, 4, seed=2)
+  ref = make()
+  list(ref)
+  expected = list(ref)                              # epoch 1
+  it = make()
+  for _ in range(len(it)):                          # all of epoch 0 ...
+    next(it)
+  state = _roundtrip(it.get_state())
+  assert state["batch"] == len(it) == 3             # ... but not its end
+  fresh = make()
+  fresh.set_state(state)
+  assert list(fresh) == []                          # epoch 0 is over
+  got = list(fresh)
+  assert len(got) == len(expected)
+  for a, b in zip(got, expected):
+    np.testing.assert_array_equal(a.index, b.index)
 
 
 @pytest.mark.parametrize("kwargs, match", [
@@ -394,6 +444,23 @@ def test_kfold_partitions_are_disjoint_covering_and_deterministic():
       np.testing.assert_array_equal(a, b)
   other = kfold(n, 5, seed=8, valid_fraction=0.1)
   assert any(not np.array_equal(f.test, g.test) for f, g in zip(folds, other))
+
+
+def test_kfold_valid_is_the_nearest_count_and_a_random_draw():
+  # 10 examples, k=2: 5 left for train + valid; 0.35 * 5 = 1.75 -> 2
+  # held out (the nearest count, as 0.1 * 82 = 8.2 -> 8 above), not 1.
+  for fold in kfold(10, 2, seed=0, valid_fraction=0.35):
+    assert (len(fold.train), len(fold.valid), len(fold.test)) == (3, 2, 5)
+  folds = kfold(7, 2, seed=0, valid_fraction=0.5)   # 3 and 4 left
+  assert sorted(len(f.train) + len(f.valid) for f in folds) == [3, 4]
+  assert [len(f.valid) for f in folds] == [2, 2]    # 1.5 -> 2 and 2
+  # A seeded draw of the rest, not its lowest example numbers: over 1000
+  # examples a fold's 80 validation examples spread over the whole range
+  # (their mean is ~500, sd ~32, where the 80 lowest would average ~50).
+  for fold in kfold(1000, 5, seed=3, valid_fraction=0.1):
+    assert len(fold.valid) == 80
+    assert 350 < fold.valid.mean() < 650
+    assert fold.valid.max() > 900 and fold.valid.min() < 100
 
 
 @pytest.mark.parametrize("args, kwargs, match", [

@@ -291,6 +291,30 @@ def test_gzip_checksum_is_of_the_decompressed_content(tmp_path):
   builders.verify(path, data, good)  # no error
 
 
+def test_a_copy_of_the_right_size_but_other_bytes_is_refused(tmp_path):
+  """Size and sha256 are both checked: one flipped byte keeps the size."""
+  data = b"the cat sat on the mat \n"
+  entry = builders.SourceFile("x.txt", len(data), hashlib.sha256(
+      data).hexdigest(), "url")
+  corrupted = data.replace(b"cat", b"cot")
+  assert len(corrupted) == len(data)
+  with pytest.raises(builders.ChecksumError, match=(
+      rf"x.txt: checksum mismatch .* the content has {len(data)} bytes "
+      rf"with sha256 {hashlib.sha256(corrupted).hexdigest()}")):
+    builders.verify(tmp_path / "x.txt", corrupted, entry)
+
+
+def test_decode_lines_splits_at_newline_and_drops_a_trailing_cr(tmp_path):
+  """Windows line ends lose their '\\r'; other separators stay inside a
+  line; no line after the final newline."""
+  path = tmp_path / "f.txt"
+  assert builders.decode_lines(path, b"a b\r\nc\r\n\r\nd\n") == [
+      "a b", "c", "", "d"]
+  assert builders.decode_lines(path, b"x\ry\x0cz\nlast") == [
+      "x\ry\x0cz", "last"]
+  assert builders.decode_lines(path, "\u2028a\n".encode()) == ["\u2028a"]
+
+
 def test_manual_dir_given_but_missing_is_an_error(tmp_path):
   with pytest.raises(FileNotFoundError,
                      match=f"manual_dir given.*{tmp_path / 'nowhere'}"):

@@ -71,3 +71,20 @@ def test_arrays_of_other_shapes_than_the_target_are_refused(tmp_path):
   with pytest.raises(ValueError, match=re.escape(
       "holds arrays of other shapes than the config makes")):
     ck.restore(other, "latest")
+
+
+def test_only_the_single_best_is_kept_and_every_step_is_listed(tmp_path):
+  """best/ holds one checkpoint (the previous best is dropped, even with
+  keep > 1); errors list the steps of checkpoints/ and best/ together."""
+  ck = Checkpointer(str(tmp_path), keep=3)
+  ck.save(1, state(1), {"epoch": 1})
+  for s in (2, 3, 4):
+    ck.save_best(s, state(s), {"epoch": s})
+  ck.wait()
+  assert sorted(p.name for p in (tmp_path / "best").iterdir()
+                if p.name.isdigit()) == ["4"]
+  assert ck.best_step() == 4 and ck.restore(state(0), 4)[0] == 4
+  with pytest.raises(FileNotFoundError, match=r"no checkpoint 3 .*available "
+                     r"steps: \[1, 4\]"):
+    ck.restore(state(0), 3)
+  ck.close()
