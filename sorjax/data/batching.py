@@ -298,7 +298,10 @@ def cut_stream_sentences(ids: Any, eos_id: int, cutoff: int
 
 def length_boundaries(lengths: Any, num_buckets: int, multiple: int = 8
                       ) -> tuple[int, ...]:
-  """Bucket boundaries at length quantiles, rounded up to `multiple`.
+  """Bucket boundaries at length quantiles, rounded up to `multiple`: the
+  boundary at q = i / num_buckets is the sorted lengths' element at index
+  ceil((n - 1) q) (NumPy's "higher" quantile), a length that occurs, with at
+  least a fraction q of the sequences at or below it.
 
   The last boundary covers the longest sequence; duplicates are merged, so
   there may be fewer than `num_buckets` boundaries.

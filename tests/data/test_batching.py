@@ -390,6 +390,9 @@ def test_length_boundaries():
   lengths = np.arange(1, 101)
   assert length_boundaries(lengths, 4, multiple=8) == (32, 56, 80, 104)
   assert length_boundaries([3, 3, 3], 4, multiple=4) == (4,)
+  # index ceil(3 * 0.5) = 2 of [1, 2, 3, 4]: the length 3, not 2 or 2.5
+  assert length_boundaries([4, 1, 3, 2], 2, multiple=1) == (3, 4)
+  assert length_boundaries([1, 2, 3, 4, 5], 4, multiple=1) == (2, 3, 4, 5)
   with pytest.raises(ValueError, match="num_buckets"):
     length_boundaries(lengths, 0)
 
