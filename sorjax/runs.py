@@ -23,6 +23,7 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+from sorjax.checks import check_int
 from sorjax.layer_scan import check_lengths
 
 
@@ -55,6 +56,7 @@ class Run:
     return int(jax.tree_util.tree_leaves(self.all_params)[0].shape[0])
 
   def with_replica(self, r: int) -> "Run":
+    check_int("replica", r)
     if not 0 <= r < self.num_replicas:
       raise ValueError(f"replica {r} out of range: the run has "
                        f"{self.num_replicas}")
@@ -73,11 +75,18 @@ class Run:
     return float(schedule.evaluation(self.step, epoch))
 
   def encode(self, text: str) -> np.ndarray:
-    """Symbols of one line -> ids, with the run's vocabulary / language."""
+    """Symbols of one line -> ids, with the run's vocabulary (an LM's
+    tokenizer) or language (a Dyck run's space-separated symbols)."""
+    if not isinstance(text, str):
+      raise TypeError(f"encode: text must be a str, got "
+                      f"{type(text).__name__}")
     if hasattr(self.task, "encode_text"):
       return self.task.encode_text(text)
-    raise ValueError(f"text needs a run of a text task (lm); this run's "
-                     f"task {self.task.name!r} cannot encode text")
+    if hasattr(getattr(self.task, "lang", None), "encode"):
+      return self.task.lang.encode(text)
+    raise ValueError(f"text needs a run of a text or bracket task (lm, "
+                     f"dyck_*); this run's task {self.task.name!r} cannot "
+                     f"encode text")
 
   def log_probs(self, tokens, lengths=None, temperature=None) -> np.ndarray:
     """Next-token log-probabilities [B, T, V] of int tokens [B, T] (or [T],
@@ -197,6 +206,7 @@ def restore(workdir: str, step: str | int = "best", replica: int = 0) -> Run:
   from sorjax.training.loop import Trainer
   from sorjax.training.tasks import make_task
 
+  check_int("restore: replica", replica)   # before any reading
   workdir = os.path.abspath(workdir)
   config = load_config(workdir)
   task = make_task(config)

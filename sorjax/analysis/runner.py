@@ -332,10 +332,14 @@ ANALYSES: dict[str, Spec] = {
 # --compare with these needs runs of the same task and data (their numbers
 # are read side by side, token by token for frequency and token_losses).
 SAME_DATA = ("perplexity", "frequency", "token_losses")
-# What tells runs' data apart, per task (config.data fields).
-_DATA_FIELDS = {"lm": ("corpus",), "dyck_lm": ("k", "m"),
-                "dyck_closing": ("k", "m"), "dyck_pcfg": ("preset",),
-                "trees": ("dataset", "experiment")}
+# What tells runs' data apart, per task (config.data fields that change
+# the evaluated sequences).
+_DYCK = ("k", "m", "preset", "num_train", "num_dev", "num_test",
+         "max_length", "seed", "scale")
+_DATA_FIELDS = {"lm": ("corpus", "max_eval_tokens", "eval_batch_size"),
+                "dyck_lm": _DYCK, "dyck_closing": _DYCK,
+                "dyck_pcfg": ("preset", "seed", "scale"),
+                "trees": ("dataset", "experiment", "scale", "seed")}
 _POSITIVE = ("num_resamples", "max_tokens", "max_sequences", "max_trees")
 # command-line flags -> Options
 ALIASES = {"compare_step": "compare", "compare_replica": "compare"}
@@ -378,28 +382,41 @@ def _check_given(analyses, given) -> None:
                           f"by {', '.join(analyses)}")
 
 
-def describe(run) -> str:
-  """The run's task and what tells its data apart ("task 'lm', corpus
-  'ptb'")."""
-  fields = _DATA_FIELDS.get(run.task.name, ())
+def _data(run) -> dict:
   data = run.config.data
+  return {f"data.{k}": getattr(data, k, None)
+          for k in _DATA_FIELDS.get(run.task.name, ())}
+
+
+def describe(run, only=None) -> str:
+  """The run's task and what tells its data apart ("task 'lm', data.corpus
+  'ptb'"); of the data fields, those in `only` if given."""
   return ", ".join([f"task {run.task.name!r}"] + [
-      f"data.{k} {getattr(data, k, None)!r}" for k in fields])
+      f"{k} {v!r}" for k, v in _data(run).items()
+      if only is None or k in only])
 
 
 def _check_compare(analyses, run, other) -> None:
   same = [a for a in analyses if a in SAME_DATA]
-  if other is not None and same and describe(run) != describe(other):
-    raise AnalysisError(
-        f"--compare: {', '.join(same)} cannot compare runs of another task "
-        f"or data: {run.workdir} has {describe(run)}, {other.workdir} has "
-        f"{describe(other)}")
+  if other is None or not same or describe(run) == describe(other):
+    return
+  a, b = _data(run), _data(other)
+  only = (None if run.task.name != other.task.name else
+          [k for k in a if a[k] != b[k]])     # the fields that differ
+  raise AnalysisError(
+      f"--compare: {', '.join(same)} cannot compare runs of another task "
+      f"or data: {run.workdir} has {describe(run, only)}, {other.workdir} "
+      f"has {describe(other, only)}")
 
 
 def check(run, analyses, o: Options, given=None) -> dict:
   """Checks that every analysis applies to `run` (and o.compare) before
   any runs; returns what each prepared (minimal_pairs: its pairs)."""
   given = _given(o) if given is None else list(given)
+  for name, r in (("run", run), ("compare", o.compare)):
+    if r is not None and not hasattr(r, "task"):   # e.g. a workdir string
+      raise AnalysisError(f"{name} must be a run (sorjax.restore(workdir)),"
+                          f" got {type(r).__name__} {r!r}")
   _check_values(o)
   _check_given(analyses, given)
   _check_compare(analyses, run, o.compare)

@@ -20,7 +20,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from sorjax.checks import check_int
+from sorjax.checks import check_int, is_int
 
 
 def _manager(path: str, keep: int, read_only: bool = False):
@@ -84,8 +84,8 @@ class Checkpointer:
     elif step == "best":
       s = self.best_step()
       mngr = self._best
-    elif isinstance(step, int) and not isinstance(step, bool):
-      s = step
+    elif is_int(step):
+      s = step = int(step)
       mngr = (self._latest if step in self._latest.all_steps() else
               self._best if step in self._best.all_steps() else None)
     else:

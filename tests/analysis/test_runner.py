@@ -67,6 +67,15 @@ def test_minimal_pairs_progress_goes_to_stderr_when_asked(tmp_path, capsys):
                       sentence="the cat", progress=True)
 
 
+def test_a_workdir_given_for_a_run_is_named(tmp_path):
+  with pytest.raises(AnalysisError, match="compare must be a run "
+                     r"\(sorjax.restore\(workdir\)\), got str '/some/run'"):
+    runner.run_analyses(_BigramRun(), "token_losses", str(tmp_path),
+                        sentence="the cat", compare="/some/run")
+  with pytest.raises(AnalysisError, match="run must be a run"):
+    runner.run_analyses("/some/run", "perplexity", str(tmp_path))
+
+
 def _pairs_file(tmp_path):
   return _write(tmp_path / "p.jsonl", [
       {"sentence_good": "the cat sleeps", "sentence_bad": "the cat sleep",

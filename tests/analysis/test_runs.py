@@ -75,8 +75,40 @@ def test_log_probs_with_valid_lengths_and_ragged_tokens(run):
   with pytest.raises(ValueError, match=r"tokens must be a rectangular int "
                      r"array \[B, T\] or \[T\]"):
     run.log_probs([[1, 2], [1]])
-  with pytest.raises(ValueError, match="text needs a run of a text task"):
+  # a Dyck run reads text as its language's space-separated symbols
+  ids = run.encode("( [ ] )")
+  assert ids.tolist() == [run.task.lang.vocab.index(s) for s in "([])"]
+  np.testing.assert_array_equal(run.log_probs("( [ ] )"), run.log_probs(ids))
+  with pytest.raises(ValueError, match="unknown symbol '\\(\\(\\)' at "
+                     "position 0"):
     run.log_probs("(()")
+  for bad in (b"( )", ["(", ")"]):
+    with pytest.raises(TypeError, match="encode: text must be a str, got "
+                       f"{type(bad).__name__}"):
+      run.encode(bad)
+
+
+@pytest.mark.parametrize("replica", [True, 1.0, "0", -1])
+def test_a_replica_that_is_no_int_ge_0_is_named(run, replica):
+  with pytest.raises(ValueError, match=f"replica must be an int >= 0, got "
+                     f"{replica!r}"):
+    run.with_replica(replica)
+  assert run.with_replica(np.int64(0)).replica == 0
+
+
+def test_runs_on_other_dyck_test_sets_are_not_compared(run):
+  """--compare reads two runs' numbers side by side: Dyck runs whose test
+  sets differ (another num_test, max_length or seed) are refused."""
+  from sorjax.analysis import runner
+  from sorjax.analysis.common import AnalysisError
+  for field, value in (("num_test", 41), ("max_length", 12), ("seed", 1)):
+    cfg = run.config.copy_and_resolve_references()
+    cfg.data[field] = value
+    other = dataclasses.replace(run, config=cfg)
+    with pytest.raises(AnalysisError, match=f"cannot compare runs of another "
+                       f"task or data: .*data.{field} {value}"):
+      runner.check(run, ["perplexity"], runner.Options(compare=other))
+  runner.check(run, ["perplexity"], runner.Options(compare=run))
 
 
 def test_log_probs_of_ragged_rows_ignore_the_padding(run):

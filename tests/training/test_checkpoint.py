@@ -88,3 +88,15 @@ def test_only_the_single_best_is_kept_and_every_step_is_listed(tmp_path):
                      r"steps: \[1, 4\]"):
     ck.restore(state(0), 3)
   ck.close()
+
+
+def test_a_numpy_int_step_restores(tmp_path):
+  # steps read from metrics or np.argmin arrive as NumPy ints
+  ck = Checkpointer(str(tmp_path), keep=3)
+  ck.save(5, state(5), {"epoch": 1})
+  ck.wait()
+  assert ck.restore(state(0), np.int64(5))[0] == 5
+  with pytest.raises(ValueError, match="step must be 'latest', 'best' or an "
+                     "int, got np.True_"):
+    ck.restore(state(0), np.bool_(True))
+  ck.close()
