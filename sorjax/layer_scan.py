@@ -207,19 +207,20 @@ def check_lengths(where: str, lengths, B: int, T: int | None = None):
   steps that do not exist)."""
   if lengths is None:
     return None
-  lengths = jnp.asarray(lengths)
-  if lengths.shape != (B,):
-    raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
-                     f"{lengths.shape}")
-  if not jnp.issubdtype(lengths.dtype, jnp.integer):
-    raise ValueError(f"{where}: lengths must be integers, got "
-                     f"{lengths.dtype}")
+  # Concrete values are checked as given, before any cast: jnp.asarray
+  # casts int64 to int32, which wraps a length past 2^31 into range.
   v = None if T is None else concrete(lengths)
+  a = jnp.asarray(lengths) if v is None else v
+  if a.shape != (B,):
+    raise ValueError(f"{where}: lengths must have shape [B] = [{B}], got "
+                     f"{a.shape}")
+  if not jnp.issubdtype(a.dtype, jnp.integer):
+    raise ValueError(f"{where}: lengths must be integers, got {a.dtype}")
   if v is not None and ((v < 0) | (v > T)).any():
     bad = sorted({int(n) for n in v[(v < 0) | (v > T)]})
     raise ValueError(f"{where}: lengths must be in [0, T] = [0, {T}], got "
                      f"{bad[:5]}")
-  return lengths.astype(jnp.int32)
+  return jnp.asarray(a).astype(jnp.int32)
 
 
 def valid_steps(where: str, lengths, B: int, T: int):

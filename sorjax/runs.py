@@ -201,13 +201,14 @@ def _check_sections(path: str, raw: dict) -> None:
 
 
 def restore(workdir: str, step: str | int = "best", replica: int = 0) -> Run:
-  """Restores a run: step "best", "latest" or an int checkpoint step."""
+  """Restores the run in workdir (~ expands): step "best", "latest" or an
+  int checkpoint step."""
   from sorjax.training.checkpoint import Checkpointer
   from sorjax.training.loop import Trainer
   from sorjax.training.tasks import make_task
 
   check_int("restore: replica", replica)   # before any reading
-  workdir = os.path.abspath(workdir)
+  workdir = os.path.abspath(os.path.expanduser(workdir))
   config = load_config(workdir)
   task = make_task(config)
   trainer = Trainer(task, config, workdir)

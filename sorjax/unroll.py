@@ -485,9 +485,11 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
   elif remat != "dots":
     raise ValueError(
         f"unroll: remat must be True, False or \"dots\", got {remat!r}")
-  if fused_grad not in (None, True, False):
-    raise ValueError(
-        f"unroll: fused_grad must be None, True or False, got {fused_grad!r}")
+  if fused_grad is not None:  # a bool: 1 == True would pass `in`
+    if not isinstance(fused_grad, (bool, np.bool_)):
+      raise ValueError(f"unroll: fused_grad must be None, True or False, "
+                       f"got {fused_grad!r}")
+    fused_grad = bool(fused_grad)  # the paths test `is False`
   for name, flag in (("reverse", reverse), ("hoist", hoist)):
     if not isinstance(flag, (bool, np.bool_)):  # "no" would read as True
       raise ValueError(f"unroll: {name} must be True or False, got {flag!r}")

@@ -82,6 +82,24 @@ def mix_cells(alpha, z) -> jax.Array:
   return jnp.einsum("...s,...sn->...n", alpha, z)
 
 
+def _check_numeric_temperature(temperature) -> None:
+  """A number or an array of numbers (ints or floats), as its dtype says:
+  jnp.asarray would fail on a string naming nothing, and take a bool as
+  1.0."""
+  kind = getattr(temperature, "dtype", None)
+  if kind is None:
+    try:
+      kind = np.asarray(temperature).dtype
+    except (TypeError, ValueError):  # ragged lists
+      kind = None
+  if kind is None or not (jnp.issubdtype(kind, jnp.integer)
+                          or jnp.issubdtype(kind, jnp.floating)):
+    got = (f"an array of {kind}" if hasattr(temperature, "dtype")
+           else repr(temperature))
+    raise ValueError(f"attention_lstm: temperature must be a number > 0 or "
+                     f"an array of them (one per token), got {got}")
+
+
 def _check_cells(cell: str, hidden_size, num_cells) -> None:
   base.check_positive_int(cell, "hidden_size", hidden_size)
   base.check_positive_int(cell, "num_cells", num_cells)
@@ -127,7 +145,10 @@ class AttentionLSTM(_SplitStep):
 
   Aux `temperature` (tau of eq. (b)): a positive scalar or one per token;
   1.0 when not given. The paper starts at 1, multiplies by 0.9 each epoch and
-  tests at a very low tau, where alpha is one-hot.
+  tests at a very low tau, where alpha is one-hot. A non-numeric one (a
+  string, a bool) is an error; a concrete value must be finite and > 0,
+  but a traced one (under jit) cannot be checked: there tau <= 0 runs as
+  the smallest normal number (one-hot alpha, as tau -> 0) and NaN gives NaN.
   """
   hidden_size: int
   num_cells: int
@@ -141,6 +162,7 @@ class AttentionLSTM(_SplitStep):
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
     """The S cells as in `lstm`; V ~ U(+-1/sqrt(D)) (a linear layer on x)."""
+    base.check_init(self, key, dtype)
     base.check_positive_int("attention_lstm", "input_size", input_size)
     kc, kv = jax.random.split(key)
     params = init_cells(kc, self.num_cells, input_size, self.hidden_size,
@@ -157,6 +179,7 @@ class AttentionLSTM(_SplitStep):
     """alpha = softmax(x V / tau), eq. (a)-(b): [..., S] for xs [..., D]."""
     base.check_input("attention_lstm", xs, params["V"].shape[0])
     e = xs @ params["V"]                                           # eq. (a)
+    _check_numeric_temperature(temperature)
     tau = jnp.asarray(temperature)
     t = concrete(tau)
     if t is not None and not (np.all(np.isfinite(t)) and np.all(t > 0)):
@@ -177,6 +200,7 @@ class AttentionLSTM(_SplitStep):
     return jax.nn.softmax(e / tau, axis=-1)                        # eq. (b)
 
   def precompute(self, params, xs, temperature=1.0):
+    base.check_precompute(self, params, xs)
     alpha = self.attention(params, xs, temperature)
     gx = cell_gates_x(params, xs)
     if self.mix == "gates":
@@ -225,6 +249,7 @@ class AssignmentLSTM(_SplitStep):
     base.check_finite_real("assignment_lstm", "forget_bias", self.forget_bias)
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
+    base.check_init(self, key, dtype)
     base.check_positive_int("assignment_lstm", "input_size", input_size)
     return init_cells(key, self.num_cells, input_size, self.hidden_size,
                       dtype)
@@ -259,7 +284,7 @@ class AssignmentLSTM(_SplitStep):
                      jnp.array(np.nan, dtype))
 
   def precompute(self, params, xs, assignment=None):
-    base.check_input("assignment_lstm", xs, params["W_x"].shape[1])
+    base.check_precompute(self, params, xs)
     alpha = self.one_hot(assignment, xs.shape[:-1],
                          base.param_dtype(params))
     return SecondOrderInputs(mix_cells(alpha, cell_gates_x(params, xs)), alpha)

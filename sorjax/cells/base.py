@@ -7,6 +7,7 @@ Row-vector convention throughout: `x @ W` with W shaped [in, out].
 from __future__ import annotations
 
 import functools
+import inspect
 import math
 from typing import Any, Callable, NamedTuple, Protocol, runtime_checkable
 
@@ -66,6 +67,32 @@ def check_choice(cell: str, name: str, value: Any, choices: tuple) -> None:
         f"{cell}: {name} must be one of {choices}, got {value!r}")
 
 
+def check_init(cell: Cell, key: Any, dtype: Any) -> None:
+  """`cell.init`'s key and dtype: one PRNG key, typed (jax.random.key) or
+  legacy uint32 (jax.random.PRNGKey), and a floating dtype; a TypeError
+  naming the cell and the argument, where jax would fail inside the
+  initialiser (an int key, an int dtype) naming neither."""
+  from sorjax.cells import name_of  # the registry imports this module
+  where = f"{name_of(cell)}.init"
+  kind = getattr(key, "dtype", None)
+  if kind is not None and jax.dtypes.issubdtype(kind, jax.dtypes.prng_key):
+    ok = jnp.ndim(key) == 0
+  else:
+    ok = kind == jnp.uint32 and jnp.ndim(key) == 1
+  if not ok:
+    got = (f"{type(key).__name__} {key!r}" if kind is None else
+           f"an array {kind}{list(jnp.shape(key))}")
+    raise TypeError(f"{where}: key must be a jax PRNG key "
+                    f"(jax.random.key(0)), got {got}")
+  try:
+    dt = None if dtype is None else jnp.dtype(dtype)
+  except TypeError:
+    dt = None
+  if dt is None or not jnp.issubdtype(dt, jnp.floating):
+    raise TypeError(f"{where}: dtype must be a floating dtype (e.g. "
+                    f"jnp.float32), got {repr(dtype) if dt is None else dt}")
+
+
 def check_params(where: str, cell: Cell, params: PyTree, input_size: int,
                  source: str = "") -> None:
   """Trace-time check that params have the entries and shapes
@@ -104,6 +131,12 @@ def check_carry(where: str, cell: Cell, params: PyTree, carry: PyTree,
   carry than the params) silently compute the state in the wider dtype."""
   initial = jax.eval_shape(lambda p: cell.initial_carry(p, batch_shape),
                            params)
+  _check_carry_like(where, initial, carry, batch_shape)
+
+
+def _check_carry_like(where: str, initial: PyTree, carry: PyTree,
+                      batch_shape: tuple[int, ...]) -> None:
+  """check_carry against the initial carry's ShapeDtypeStructs."""
   want, got = _shapes(initial), _shapes(carry)
   if got == want:
     _check_carry_dtypes(where, initial, carry)
@@ -138,9 +171,18 @@ def _shapes(tree: PyTree) -> dict[str, tuple]:
 
 def _input_size_of(cell: Cell, got: dict, input_size: int) -> int | None:
   """The input size d != input_size whose `cell.init` makes exactly the
-  shapes got, if there is one: read off the first entry whose shape grows
-  with the input size (linearly, as every cell's does). None also for
-  cells whose init takes one input size only (the tree cells')."""
+  shapes got, if there is one. None also for cells whose init takes one
+  input size only (the tree cells')."""
+  d = _read_input_size(cell, got, input_size)
+  if d is not None and d != input_size and _init_shapes(cell, d) == got:
+    return d
+  return None
+
+
+def _read_input_size(cell: Cell, got: dict, input_size: int) -> int | None:
+  """The input size that the shapes got read, off their first entry whose
+  shape grows with the input size (linearly, as every cell's does), whether
+  or not the other entries agree; None if none can be read."""
   try:
     a, b = _init_shapes(cell, input_size), _init_shapes(cell, input_size + 1)
   except ValueError:
@@ -150,10 +192,7 @@ def _input_size_of(cell: Cell, got: dict, input_size: int) -> int | None:
       i = next(i for i, (p, q) in enumerate(zip(a[k], b[k])) if p != q)
       steps, rest = divmod(got[k][i] - a[k][i], b[k][i] - a[k][i])
       d = input_size + steps
-      if rest == 0 and d >= 1 and d != input_size and (
-          _init_shapes(cell, d) == got):
-        return d
-      return None
+      return d if rest == 0 and d >= 1 else None
   return None
 
 
@@ -181,21 +220,45 @@ def check_input(cell: str, xs: Array, input_size: int) -> None:
                             f" (shape {tuple(xs.shape)})")
 
 
+def check_precompute(cell: Cell, params: PyTree, xs: Array) -> None:
+  """Trace-time checks of `cell.precompute(params, xs)` (shapes and dtypes
+  only): xs an array whose last axis is the params' input size, params
+  with the entries and shapes `cell.init` makes for it (check_params), xs
+  not promoting their dtype (check_input_dtype). A ValueError naming the
+  cell, precompute and the entry, where the cell would fail with a bare
+  KeyError or an anonymous shape error."""
+  from sorjax.cells import name_of  # the registry imports this module
+  where = f"{name_of(cell)}.precompute"
+  if not (hasattr(xs, "shape") and hasattr(xs, "dtype")):
+    raise ValueError(f"{where}: xs must be an array [..., D], got "
+                     f"{type(xs).__name__}")
+  if xs.ndim < 1:  # the params' input size, when it can be read
+    raise _wrong_input_size(where, _read_input_size(cell, _shapes(params), 1),
+                            None, " (a scalar xs)")
+  check_params(where, cell, params, xs.shape[-1],
+               f"the last axis of xs {tuple(xs.shape)}")
+  check_input_dtype(where, params, xs)
+
+
 def check_input_dtype(where: str, params: PyTree, xs: Array) -> None:
   """Trace-time check that xs do not promote the params' dtype: bf16 params
   with f32 (or complex) inputs would compute the state in the wider dtype
   and fail as a scan's mismatched carry types, naming neither."""
   p = param_dtype(params)
-  try:
-    promoted = jnp.result_type(xs.dtype, p)
-  except jax.dtypes.TypePromotionError:  # strict promotion refuses the pair
-    promoted = None
-  if promoted != p:
+  if not _keeps_dtype(xs.dtype, p):
     other = (f" or init the params in {xs.dtype}"
              if jnp.issubdtype(xs.dtype, jnp.floating) else "")
     raise ValueError(
         f"{where}: xs are {xs.dtype} but the params {p}: the state would "
         f"not stay {p}; cast xs (xs.astype(jnp.{p})){other}")
+
+
+def _keeps_dtype(dtype, p) -> bool:
+  """Whether dtype combined with p stays p."""
+  try:
+    return jnp.result_type(dtype, p) == p
+  except jax.dtypes.TypePromotionError:  # strict promotion refuses the pair
+    return False
 
 
 def _wrong_input_size(where: str, input_size: int, got, detail: str
@@ -278,50 +341,137 @@ def batch_shape(shape) -> tuple[int, ...]:
   return tuple(int(d) for d in out)
 
 
-def _fits_some_input_size(cell: Cell, params: PyTree) -> bool:
-  """Whether params have the shapes `cell.init` makes for some input size
-  (True when that cannot be told)."""
-  got = _shapes(params)
-  try:
-    if _init_shapes(cell, 1) == got:
-      return True
-  except (TypeError, ValueError):
-    return True
-  return _input_size_of(cell, got, 1) is not None
-
-
 def check_step(cell: Cell, carry: PyTree, xp: PyTree, step: Callable,
                params: PyTree = None):
-  """step() = (new carry, y) of one step of cell, once trace-time checks
-  find that it combined xp with the carry into a carry of the same shapes.
-  An xp of another shape than one step's ([B, T, ..] of a whole sequence,
-  or of another batch) either fails to broadcast against the carry (an
-  error naming neither) or, where T = B, broadcasts silently into a carry
-  of another shape: both are named here."""
+  """step() = (new carry, y) of one step of cell, checked at trace time
+  (static shapes and dtypes: once per trace, nothing in the program).
+  Each a ValueError naming the cell, step and the entry:
+
+  - params (None for a step that reads none, dyck_rnn's) with the entries
+    and shapes `cell.init` makes at some input size: else a bare KeyError,
+    or a shape error blaming xp;
+  - the carry with the structure, shapes and dtypes `cell.initial_carry`
+    makes for its batch shape: else an AttributeError, a broadcast, or a
+    bfloat16 state silently computed in float32;
+  - xp with those of `cell.precompute` of one step of that batch shape. An
+    xp of a whole sequence ([B, T, ..]) fails to broadcast against the
+    carry (an error naming neither) or, where T = B, broadcasts into a
+    carry of another shape; one of batch 1 against a carry of batch B, or
+    of another input width (tensor_rnn's x of D*H), broadcasts silently
+    into a carry of the right shape."""
   from sorjax.cells import name_of  # the registry imports this module
+  where = f"{name_of(cell)}.step"
   show = lambda d: ", ".join(  # noqa: E731
       f"{k} {v}".strip() for k, v in d.items())
+  leaves = jax.tree_util.tree_leaves(carry)
+  batch = tuple(jnp.shape(leaves[0]))[:-1] if leaves else ()
+  if params is None:  # any input size; the carry's dtype is the state's
+    d, dtype = 1, jnp.result_type(leaves[0]) if leaves else jnp.float32
+  else:
+    d, dtype = _step_input_size(where, cell, params), param_dtype(params)
+    if not jnp.issubdtype(dtype, jnp.floating):
+      raise ValueError(f"{where}: params must be floating (cell.init(key, "
+                       f"input_size, dtype)), got {dtype}")
+  initial, terms = _step_structs(cell, d, dtype, batch)
+  _check_carry_like(where, initial, carry, batch)
   want = _shapes(carry)
-  must = (f"{name_of(cell)}.step: xp must be one step's input terms "
+  must = (f"{where}: xp must be one step's input terms "
           f"(cell.precompute(params, xs[:, t])), for the carry's batch shape "
-          f"{next(iter(want.values()))[:-1]}")
+          f"{batch}")
+  of = "carry is" if params is None else "params are"
   try:
     out = step()
-  except (TypeError, ValueError) as e:
+  except (TypeError, ValueError, KeyError, AttributeError, IndexError) as e:
+    _check_step_input(where, must, terms, xp, dtype, of, shapes=False)
     first = str(e).splitlines()[0] if str(e) else type(e).__name__
-    if params is not None and not _fits_some_input_size(cell, params):
-      raise ValueError(
-          f"{name_of(cell)}.step: params ({show(_shapes(params))}) do not "
-          f"have the shapes {type(cell).__name__}.init makes for "
-          f"hidden_size {cell.hidden_size} at any input size ({first})"
-      ) from e
     raise ValueError(f"{must}: the carry ({show(want)}) and xp "
                      f"({show(_shapes(xp))}) do not combine ({first})") from e
   got = _shapes(out[0])
   if got != want:
     raise ValueError(f"{must}: the carry ({show(want)}) became ({show(got)}) "
                      f"with xp ({show(_shapes(xp))})")
+  _check_step_input(where, must, terms, xp, dtype, of, shapes=True)
   return out
+
+
+def _step_input_size(where: str, cell: Cell, params: PyTree) -> int:
+  """The input size whose `cell.init` makes params' entries and shapes; a
+  ValueError naming the first entry that differs when there is none."""
+  got = _shapes(params)
+  if _init_shapes(cell, 1) == got:
+    return 1
+  d = _input_size_of(cell, got, 1)
+  if d is not None:
+    return d
+  d = _read_input_size(cell, got, 1) or 1  # name entries at the size read
+  want, name = _init_shapes(cell, d), type(cell).__name__
+  missing = [k for k in want if k not in got]
+  extra = [k for k in got if k not in want]
+  if missing:
+    detail = f"they lack {missing[0]}"
+  elif extra:
+    detail = f"they hold {extra[0]}, which {name} does not use"
+  else:
+    k = next(k for k in want if got[k] != want[k])
+    detail = (f"params{k} has shape {got[k]}; {name}.init makes {want[k]} "
+              f"for input size {d}")
+  shown = ", ".join(f"{k} {v}" for k, v in got.items())
+  raise ValueError(f"{where}: params ({shown}) do not have the shapes "
+                   f"{name}.init makes for hidden_size {cell.hidden_size} "
+                   f"at any input size ({detail})")
+
+
+def _check_step_input(where: str, must: str, terms: PyTree, xp: PyTree,
+                      dtype, of: str, shapes: bool) -> None:
+  """xp against one step's input terms (ShapeDtypeStructs): structure,
+  dtypes that keep the state's dtype, and with `shapes` the shapes."""
+  def what(tree, entries):
+    if list(entries) == [""]:
+      return "an array"
+    return (f"a {type(tree).__name__} with entries "
+            f"{', '.join(entries) or 'none'}")
+  want, got = _shapes(terms), _shapes(xp)
+  if list(got) != list(want):
+    raise ValueError(f"{must}: xp is {what(xp, got)}; cell.precompute "
+                     f"makes {what(terms, want)}")
+  for k, a in zip(want, jax.tree_util.tree_leaves(xp)):
+    if not _keeps_dtype(jnp.result_type(a), dtype):
+      raise ValueError(
+          f"{where}: xp{k} is {jnp.result_type(a)} but the {of} {dtype}: "
+          f"the state would not stay {dtype}; make xp with cell.precompute "
+          f"from {dtype} inputs")
+  k = next((k for k in want if got[k] != want[k]), None)
+  if shapes and k is not None:
+    raise ValueError(f"{must}: xp{k} has shape {got[k]}; cell.precompute "
+                     f"makes {want[k]}")
+
+
+def _step_structs(cell: Cell, input_size: int, dtype, batch_shape: tuple):
+  """(initial carry, one step's precompute) of cell for params
+  `cell.init(key, input_size, dtype)` and batch_shape, as
+  ShapeDtypeStructs (once per cell, size, dtype and batch shape; every
+  call for a cell that is not hashable)."""
+  args = (cell, input_size, jnp.dtype(dtype), tuple(batch_shape))
+  try:
+    hash(cell)
+  except TypeError:
+    return _step_structs_of.__wrapped__(*args)
+  return _step_structs_of(*args)
+
+
+@functools.lru_cache(maxsize=256)
+def _step_structs_of(cell, input_size, dtype, batch_shape):
+  # an aux that precompute requires (default None: assignment_lstm's
+  # assignment) is an int per example
+  aux = {k: jax.ShapeDtypeStruct(batch_shape, jnp.int32) for k, p in
+         inspect.signature(cell.precompute).parameters.items()
+         if p.default is None}
+
+  def structs(key, aux):
+    p = cell.init(key, input_size, dtype)
+    x = jnp.zeros((*batch_shape, input_size), dtype)
+    return cell.initial_carry(p, batch_shape), cell.precompute(p, x, **aux)
+  return jax.eval_shape(structs, jax.random.key(0), aux)
 
 
 # ---------------------------------------------------------------- algebra

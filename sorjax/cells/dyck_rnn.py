@@ -101,6 +101,7 @@ class DyckRNN:
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
     """W_proj, W_hx ~ U(+-1/sqrt(D)) (linear layers on x)."""
+    base.check_init(self, key, dtype)
     base.check_positive_int("dyck_rnn", "input_size", input_size)
     if not self.learn_embedding and input_size != 1:
       raise ValueError(
@@ -118,7 +119,7 @@ class DyckRNN:
                                  base.param_dtype(params)))
 
   def precompute(self, params, xs):
-    base.check_input("dyck_rnn", xs, params["W_hx"].shape[0])
+    base.check_precompute(self, params, xs)
     g = jax.nn.sigmoid(xs @ params["W_proj"])                        # eq. 3
     return DyckInputs(g, g * (xs @ params["W_hx"]))
 

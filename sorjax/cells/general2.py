@@ -52,6 +52,7 @@ class General2:
                       ("tanh", "identity"))
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
+    base.check_init(self, key, dtype)
     base.check_positive_int(self.name, "input_size", input_size)
     H, M = self.hidden_size, self.intermediate_size
     # Six keys whatever the flags, so every variant draws the same A, B, C, ...
@@ -76,7 +77,7 @@ class General2:
     """{"BxDx": x_t [B | D]} (one matmul, all t; its halves are sliced in the
     step, so the backward has no pad or concatenation of them), or {"Bx"}
     without D. f is added in the step."""
-    base.check_input(self.name, xs, params["B"].shape[0])
+    base.check_precompute(self, params, xs)
     if not self.use_D:
       return {"Bx": xs @ params["B"]}
     return {"BxDx": xs @ jnp.concatenate([params["B"], params["D"]], axis=1)}

@@ -38,6 +38,7 @@ class GRU:
     base.check_positive_int("gru", "hidden_size", self.hidden_size)
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
+    base.check_init(self, key, dtype)
     base.check_positive_int("gru", "input_size", input_size)
     H = self.hidden_size
     kx, kh = jax.random.split(key)
@@ -53,7 +54,7 @@ class GRU:
                                  base.param_dtype(params)))
 
   def precompute(self, params, xs):
-    base.check_input("gru", xs, params["W_x"].shape[0])
+    base.check_precompute(self, params, xs)
     return base.affine(xs, params["W_x"], params["b"])  # x_t W_x + b, all t
 
   # Split step (see sorjax.unroll): h_{t-1} W_h, then the rest.

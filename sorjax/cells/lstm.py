@@ -37,6 +37,7 @@ class LSTM:
     base.check_finite_real("lstm", "forget_bias", self.forget_bias)
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
+    base.check_init(self, key, dtype)
     base.check_positive_int("lstm", "input_size", input_size)
     H = self.hidden_size
     kx, kh = jax.random.split(key)
@@ -50,7 +51,7 @@ class LSTM:
     return base.LSTMCarry(z, z)
 
   def precompute(self, params, xs):
-    base.check_input("lstm", xs, params["W_x"].shape[0])
+    base.check_precompute(self, params, xs)
     return base.affine(xs, params["W_x"], params["b"])
 
   # Split step (see sorjax.unroll): z = h_{t-1} W_h, then the rest.

@@ -47,6 +47,7 @@ class MIRNN:
                       ("tanh", "identity"))
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
+    base.check_init(self, key, dtype)
     base.check_positive_int("mi_rnn", "input_size", input_size)
     H = self.hidden_size
     kU, kW, kb = jax.random.split(key, 3)
@@ -65,7 +66,7 @@ class MIRNN:
                                  base.param_dtype(params)))
 
   def precompute(self, params, xs):
-    base.check_input("mi_rnn", xs, params["U"].shape[0])
+    base.check_precompute(self, params, xs)
     Ux = xs @ params["U"]  # U x_t, all t
     if not self.general:
       return {"Ux": Ux}

@@ -64,6 +64,7 @@ class MLSTM:
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
     """U(+-1/sqrt(H)) weights (the lstm cell's convention), zero bias."""
+    base.check_init(self, key, dtype)
     base.check_positive_int("mlstm", "input_size", input_size)
     D, H, M = input_size, self.hidden_size, self.intermediate_size
     k = jax.random.split(key, 4)
@@ -79,7 +80,7 @@ class MLSTM:
     return base.LSTMCarry(z, z)
 
   def precompute(self, params, xs):
-    base.check_input("mlstm", xs, params["W_mx"].shape[0])
+    base.check_precompute(self, params, xs)
     return MLSTMInputs(mx=xs @ params["W_mx"],
                        gx=base.affine(xs, params["W_x"], params["b"]))
 

@@ -96,6 +96,7 @@ class MMLSTM:
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
     """Per gate: U(+-1/sqrt(H)) for W_g, W_g_hx; U(+-1/sqrt(K_g+H+D)) for
     W_g_proj (its fan-in); zero b_g."""
+    base.check_init(self, key, dtype)
     base.check_positive_int("mm_lstm", "input_size", input_size)
     D, H = input_size, self.hidden_size
     params = {}
@@ -117,7 +118,7 @@ class MMLSTM:
     return MMLSTMCarry(z, z, *keys)
 
   def precompute(self, params, xs):
-    base.check_input("mm_lstm", xs, params["W_c_hx"].shape[0])
+    base.check_precompute(self, params, xs)
     H = self.hidden_size
     # One matmul: x [W_c_hx | .. | W_o_hx | W_c_proj's x rows | .. ].
     W = jnp.concatenate(

@@ -74,6 +74,7 @@ class MMRNN:
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
     """U(+-1/sqrt(H)) for W, W_hx; U(+-1/sqrt(K+H+D)) for W_proj (its fan-in,
     as a linear layer on [v; h; x]); zero b."""
+    base.check_init(self, key, dtype)
     base.check_positive_int("mm_rnn", "input_size", input_size)
     D, H, K = input_size, self.hidden_size, self.num_matrices
     kW, kx, kp = jax.random.split(key, 3)
@@ -90,7 +91,7 @@ class MMRNN:
                       v=jnp.full((*batch_shape, K), 1.0 / K, dtype))
 
   def precompute(self, params, xs):
-    base.check_input("mm_rnn", xs, params["W_hx"].shape[0])
+    base.check_precompute(self, params, xs)
     H, K = self.hidden_size, self.num_matrices
     # One call for both: their weight gradients read x^T once.
     hx, vx = base.input_products(xs, params["W_hx"], params["W_proj"][K + H:])

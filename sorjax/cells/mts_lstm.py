@@ -182,6 +182,7 @@ class MTSLSTM:
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
     """W_x, W_h as `lstm`; b_go = 0; b_if from eq. 5 if learned."""
+    base.check_init(self, key, dtype)
     base.check_positive_int("mts_lstm", "input_size", input_size)
     H = self.hidden_size
     kx, kh = jax.random.split(key)
@@ -209,7 +210,7 @@ class MTSLSTM:
     return jnp.concatenate([b_if, params["b_go"]])
 
   def precompute(self, params, xs):
-    base.check_input("mts_lstm", xs, params["W_x"].shape[0])
+    base.check_precompute(self, params, xs)
     return base.affine(xs, params["W_x"], self.bias(params))
 
   # Split step (see sorjax.unroll): z = h_{t-1} W_h, then the rest.

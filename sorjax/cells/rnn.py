@@ -27,6 +27,7 @@ class RNN:
                       ("tanh", "identity", "relu"))
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
+    base.check_init(self, key, dtype)
     base.check_positive_int("rnn", "input_size", input_size)
     H = self.hidden_size
     kU, kW = jax.random.split(key)
@@ -40,7 +41,7 @@ class RNN:
                                  base.param_dtype(params)))
 
   def precompute(self, params, xs):
-    base.check_input("rnn", xs, params["U"].shape[0])
+    base.check_precompute(self, params, xs)
     return base.affine(xs, params["U"], params["b"])  # x_t U + b, all t
 
   # Split step (see sorjax.unroll): z = h_{t-1} W, then the rest.

@@ -46,6 +46,7 @@ class TensorRNN:
                       ("tanh", "identity"))
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
+    base.check_init(self, key, dtype)
     base.check_positive_int("tensor_rnn", "input_size", input_size)
     H = self.hidden_size
     kA, kb = jax.random.split(key)
@@ -60,7 +61,7 @@ class TensorRNN:
                                  base.param_dtype(params)))
 
   def precompute(self, params, xs):
-    base.check_input("tensor_rnn", xs, params["A"].shape[0])
+    base.check_precompute(self, params, xs)
     return xs  # x_t enters only through the product with h_{t-1}
 
   # Split step (see sorjax.unroll): z = h_{t-1} A as [H, D*H], then the rest.

@@ -66,6 +66,7 @@ class TreeRNN:
                       ("tanh", "identity", "relu"))
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
+    base.check_init(self, key, dtype)
     H = self.hidden_size
     _check_input_size("tree_rnn", input_size, H)
     return {"W": base.uniform(key, (2 * H, H), 2 * H, dtype),
@@ -121,6 +122,7 @@ class TreeLSTM:
                       ("tanh", "identity", "relu"))
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
+    base.check_init(self, key, dtype)
     H = self.hidden_size
     _check_input_size("tree_lstm", input_size, H)
     k_if, k_c, k_o, k_co = jax.random.split(key, 4)

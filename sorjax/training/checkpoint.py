@@ -23,6 +23,19 @@ import orbax.checkpoint as ocp
 from sorjax.checks import check_int, is_int
 
 
+def _entries(tree: Any) -> dict[str, tuple | None]:
+  """{dotted path: shape} of a pytree's leaves, named as orbax stores them
+  (dict keys, dataclass fields and sequence indices alike)."""
+  def name(k):
+    for attr in ("key", "name", "idx"):
+      if hasattr(k, attr):
+        return str(getattr(k, attr))
+    return str(k)
+  return {".".join(name(k) for k in path): (
+      tuple(leaf.shape) if hasattr(leaf, "shape") else None)
+          for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
+
+
 def _manager(path: str, keep: int, read_only: bool = False):
   return ocp.CheckpointManager(
       path, options=ocp.CheckpointManagerOptions(
@@ -109,6 +122,7 @@ class Checkpointer:
     mngr, s = self._resolve(step)
     where = os.path.join(str(mngr.directory), str(s))
     abstract = jax.tree_util.tree_map(ocp.utils.to_shape_dtype_struct, target)
+    self._check_entries(where, mngr.directory / str(s) / "state", abstract)
     try:
       out = mngr.restore(s, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract),
@@ -132,6 +146,37 @@ class Checkpointer:
     if wrong:  # an abstract target without shardings restores any shape
       raise self._other_shapes(where, "; ".join(wrong[:4]))
     return s, out["state"], out["meta"]
+
+  def _check_entries(self, where: str, path, abstract: Any) -> None:
+    """The stored state's entries and shapes (its metadata, not its arrays)
+    against the target's: a config edited after training (another cell)
+    makes other entries, which orbax reports as a tree that does not
+    match, read above as a damaged checkpoint. Nothing when the metadata
+    cannot be read (the restore then names the damage)."""
+    handler = ocp.PyTreeCheckpointHandler()
+    try:
+      stored = _entries(handler.metadata(path).tree)
+    except Exception:  # unreadable: the restore below names the damage
+      return
+    finally:
+      handler.close()
+    want = _entries(abstract)
+    missing = [k for k in want if k not in stored]
+    extra = [k for k in stored if k not in want]
+    if missing or extra:
+      first = (f"the config's model has {missing[0]}, which the checkpoint "
+               f"does not hold" if missing else f"the checkpoint holds "
+               f"{extra[0]}, which the config's model does not have")
+      more = len(missing) + len(extra) - 1
+      raise ValueError(
+          f"{self.workdir}/config.json disagrees with checkpoint {where}: "
+          f"{first}{f' ({more} more entries differ)' if more else ''}. The "
+          "config is not the one this run was trained with (each "
+          "checkpoint's meta keeps a copy of that one under 'config')")
+    wrong = [f"{k} {stored[k]} (expected {want[k]})" for k in want
+             if stored[k] is not None and stored[k] != want[k]]
+    if wrong:
+      raise self._other_shapes(where, "; ".join(wrong[:4]))
 
   def _other_shapes(self, where: str, detail: str) -> ValueError:
     return ValueError(
