@@ -10,6 +10,16 @@ import tempfile
 
 os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
 
+# Tests compile with LLVM's cheap settings (backend optimisation level 0,
+# no expensive passes: jax's jax_disable_most_optimizations). XLA's HLO
+# passes (fusion, layout, the loops small_loops reads) run as for users and
+# matmuls call the same library kernels, so the programs the tests check
+# compute as users' do; only the generated elementwise code is slower, and
+# compiling, most of a tiny test's time, ~35% faster. The training runs tests
+# start in subprocesses inherit it. JAX_DISABLE_MOST_OPTIMIZATIONS=0 tests
+# fully optimised programs.
+os.environ.setdefault("JAX_DISABLE_MOST_OPTIMIZATIONS", "1")
+
 import jax  # noqa: E402
 import pytest  # noqa: E402
 
