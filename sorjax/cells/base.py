@@ -467,11 +467,11 @@ def _step_structs_of(cell, input_size, dtype, batch_shape):
          inspect.signature(cell.precompute).parameters.items()
          if p.default is None}
 
-  def structs(key, aux):
-    p = cell.init(key, input_size, dtype)
+  def structs(aux):  # the key made inside: traced here, not in the caller's
+    p = cell.init(jax.random.key(0), input_size, dtype)  # trace (a step's)
     x = jnp.zeros((*batch_shape, input_size), dtype)
     return cell.initial_carry(p, batch_shape), cell.precompute(p, x, **aux)
-  return jax.eval_shape(structs, jax.random.key(0), aux)
+  return jax.eval_shape(structs, aux)
 
 
 # ---------------------------------------------------------------- algebra

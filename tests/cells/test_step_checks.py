@@ -215,8 +215,11 @@ def test_step_under_lax_scan_equals_unroll(name):
 @pytest.mark.parametrize("name", SPLIT)
 def test_step_and_precompute_checks_add_no_operation(name):
   """The checks read static shapes and dtypes only: step's program is its
-  split step's, equation for equation."""
+  split step's, equation for equation, also on the trace that first works
+  out the expected shapes (nothing cached)."""
   cell, params, D, aux = make(name)
+  base._step_structs_of.cache_clear()
+  base._init_shapes_of.cache_clear()
   carry = cell.initial_carry(params, (B,))
   xp = terms(cell, params, (B, D), aux)
 
@@ -229,6 +232,7 @@ def test_step_and_precompute_checks_add_no_operation(name):
 
 def test_precompute_checks_add_no_operation():
   cell, params, D, _ = make("rnn")
+  base._init_shapes_of.cache_clear()  # the trace that works shapes out too
   x = jax.ShapeDtypeStruct((B, D), jnp.float32)
   assert str(jax.make_jaxpr(cell.precompute)(params, x)) == str(
       jax.make_jaxpr(lambda p, x: base.affine(x, p["U"], p["b"]))(params, x))
