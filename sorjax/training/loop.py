@@ -328,7 +328,10 @@ class Trainer:
     if task.vocab is not None and hasattr(task.vocab, "save"):
       task.vocab.save(os.path.join(self.workdir, "vocab.json"))
 
-    state = self.init_state()
+    # One compiled program: eagerly, each draw of every parameter and each
+    # op of the dummy forward pass flax's init runs is a dispatch (and on
+    # first use a compile) of its own.
+    state = jax.jit(self.init_state)()
     meta = {"epoch": 0, "position": None, "stopped_early": False,
             "early": [None] * self.R, "plateau": None,
             "asgd_losses": [[] for _ in range(self.R)],

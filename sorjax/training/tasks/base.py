@@ -69,8 +69,9 @@ class ModelTask:
       n = max(getattr(c, "num_cells", 0) for c in self.cells)
       self._assign = jnp.asarray(assignment_map(spec, model.vocab_size, n, k))
     dummy = jnp.zeros((1, 2), jnp.int32)
-    variables = model.init(jax.random.key(0), dummy,
-                           **self.aux_inputs(dummy, 1.0))
+    # jitted: one compile, not one per operation of flax's init
+    variables = jax.jit(lambda key, aux: model.init(key, dummy, **aux))(
+        jax.random.key(0), self.aux_inputs(dummy, 1.0))
     self.constants = {k: v for k, v in variables.items() if k != "params"}
 
   def aux_inputs(self, tokens, temperature) -> dict:
