@@ -9,20 +9,23 @@ import numpy as np
 import pytest
 
 import sorjax
-from tests.cells.reference import run_numpy
+from tests.cells.reference import random_params, run_numpy
 
 
 def assert_bfloat16_grads_close(cell, params, xs, G):
   """bfloat16 params and inputs: the weight sums accumulate in float32, so
   every gradient stays within bfloat16 rounding of the float32 one (and
-  keeps the params' dtype)."""
+  keeps the params' dtype). The casts are made in the compiled programs
+  (eagerly, each shape's cast compiled a program of its own)."""
   grads = {}
   for dt in (jnp.float32, jnp.bfloat16):
-    p = jax.tree_util.tree_map(lambda a: a.astype(dt), params)
-    f = lambda p: jnp.sum(  # noqa: E731
-        sorjax.unroll(cell, p, xs.astype(dt), fused_grad=True)[1]
-        .astype(jnp.float32) * G)
-    grads[dt] = jax.jit(jax.grad(f))(p)
+    def grad(params, xs, dt=dt):
+      f = lambda p: jnp.sum(  # noqa: E731
+          sorjax.unroll(cell, p, xs.astype(dt), fused_grad=True)[1]
+          .astype(jnp.float32) * G)
+      return jax.grad(f)(jax.tree_util.tree_map(lambda a: a.astype(dt),
+                                                params))
+    grads[dt] = jax.jit(grad)(params, xs)
     assert all(a.dtype == dt for a in jax.tree_util.tree_leaves(grads[dt]))
   for k in params:
     a = np.asarray(grads[jnp.bfloat16][k], np.float32)
@@ -31,15 +34,18 @@ def assert_bfloat16_grads_close(cell, params, xs, G):
 
 
 def assert_vmap_equals_each_replica(cell, input_size, xs, G):
-  """Gradients of two vmapped replicas equal each replica's own."""
-  ps = jax.vmap(lambda k: cell.init(k, input_size))(
-      jax.random.split(jax.random.key(9), 2))
+  """Gradients of two vmapped replicas equal each replica's own. The
+  replicas' params are `random_params` of two seeds (biases off zero;
+  nothing compiles, where an eager vmap of `cell.init` compiled every
+  random draw's shape), sliced in NumPy."""
+  replicas = [random_params(cell, input_size, seed) for seed in (9, 10)]
+  ps = jax.tree_util.tree_map(lambda *a: jnp.asarray(np.stack(a)), *replicas)
   f = lambda p: jnp.sum(sorjax.unroll(cell, p, xs, fused_grad=True)[1] * G)  # noqa: E731
   # compiled, as a training loop runs them (eager took 1.5x as long here)
-  g = jax.jit(jax.vmap(jax.grad(f)))(ps)
+  g = jax.tree_util.tree_map(np.asarray, jax.jit(jax.vmap(jax.grad(f)))(ps))
   grad = jax.jit(jax.grad(f))
   for r in range(2):
-    one = grad(jax.tree_util.tree_map(lambda a: a[r], ps))
+    one = grad(replicas[r])
     for k in one:
       np.testing.assert_allclose(g[k][r], one[k], rtol=1e-5, atol=1e-6)
 
@@ -79,12 +85,14 @@ def assert_every_gradient_matches_autodiff(cell, params, xs, carry, G, **kw):
       return jnp.sum(ys * G) + sum(jnp.sum(a * w) for a, w in zip(c, ws))
     return f
 
-  f_new, f_ref = loss(True), loss(False)
-  np.testing.assert_allclose(f_new(params, xs, carry),
-                             f_ref(params, xs, carry), rtol=1e-5)
-  g_new = jax.jit(jax.grad(f_new, (0, 1, 2)))(params, xs, carry)
-  g_ref = dict(jax.tree_util.tree_leaves_with_path(
-      jax.grad(f_ref, (0, 1, 2))(params, xs, carry)))
+  # Each loss and its gradients in one compiled program: eagerly, the
+  # forward compiled again on its own and autodiff's backward ran op by op
+  # (twice the time of these tests).
+  (v_new, g_new), (v_ref, g_ref) = (
+      jax.jit(jax.value_and_grad(loss(f), (0, 1, 2)))(params, xs, carry)
+      for f in (True, False))
+  np.testing.assert_allclose(v_new, v_ref, rtol=1e-5)
+  g_ref = dict(jax.tree_util.tree_leaves_with_path(g_ref))
   for path, a in jax.tree_util.tree_leaves_with_path(g_new):
     np.testing.assert_allclose(a, g_ref[path], rtol=2e-5, atol=2e-6,
                                err_msg=jax.tree_util.keystr(path))

@@ -124,12 +124,13 @@ def _setup(name, B=3, T=5, H=6):
   cell = sorjax.cells.make(name, **hp)
   D = 4 if name != "tensor_rnn" else 7
   params = cell.init(jax.random.key(0), D, jnp.float64)
-  xs = jax.random.normal(jax.random.key(1), (B, T, D), jnp.float64)
+  rng = np.random.default_rng(1)  # NumPy draws: no RNG programs compile
+  xs = jnp.asarray(rng.standard_normal((B, T, D)), jnp.float64)
   aux = {}
   if name == "attention_lstm":
     aux = {"temperature": jnp.float64(0.6)}
   if name == "assignment_lstm":
-    aux = {"assignment": jax.random.randint(jax.random.key(2), (B, T), 0, 2)}
+    aux = {"assignment": jnp.asarray(rng.integers(0, 2, (B, T)), jnp.int32)}
   return cell, params, xs, aux
 
 
@@ -547,16 +548,66 @@ def test_a_run_whose_workers_fail_says_so_and_exits_1(tmp_path, monkeypatch,
   assert "2 contender(s) failed" in capsys.readouterr().err
 
 
-def test_smoke_run_jax_only(tmp_path):
-  out, raw = tmp_path / "r.md", tmp_path / "r.json"
-  assert run.main(["--smoke", "--no-torch", "--sections", "dyck",
-                   "--out", str(out), "--json", str(raw)]) == 0
-  text = out.read_text()
+# One smoke run of the JAX-only sections the four tests below read, each
+# test checking its sections' part of it: one set of workers, one report
+# header (FMA peak, placement probe), where four runs started their own.
+# --cells lstm,mrnn: fused times lstm (and mrnn), cells mrnn (and lstm).
+JAX_RUN = ["--smoke", "--no-torch", "--sections", "gemm,fused,remat,cells,dyck",
+           "--cells", "lstm,mrnn"]
+# its tests on one worker, which makes the run once (--dist loadgroup)
+jax_run_group = pytest.mark.xdist_group("test_benchmarks_smoke.jax_run")
+
+
+@dataclasses.dataclass
+class SmokeRun:
+  code: int           # run.main's exit status
+  text: str           # the report
+  raw: list           # the --json groups, in the order they ran
+
+  def groups(self):
+    """Per group, its contenders by label."""
+    return [{c["label"]: c for c in g["contenders"]} for g in self.raw]
+
+  def group(self, *labels, lacks=None):
+    """(index, contenders by label) of the one group that timed every one
+    of `labels` (and not `lacks`)."""
+    found = [(i, g) for i, g in enumerate(self.groups())
+             if all(k in g for k in labels) and lacks not in g]
+    assert len(found) == 1, (labels, [sorted(g) for g in self.groups()])
+    return found[0]
+
+  def section(self, heading):
+    """The report's part under the '## ' heading that starts `heading`."""
+    (part,) = [p for p in self.text.split("\n## ")[1:]
+               if p.startswith(heading)]
+    return part
+
+
+@pytest.fixture(scope="module")
+def jax_run(tmp_path_factory):
+  tmp = tmp_path_factory.mktemp("jax_run")
+  out, raw = tmp / "r.md", tmp / "r.json"
+  with pytest.MonkeyPatch.context() as mp:
+    mp.setenv("TMPDIR", str(tmp))  # as _worker_log_in_tmp_path does
+    code = run.main(JAX_RUN + ["--out", str(out), "--json", str(raw)])
+  return SmokeRun(code, out.read_text(), json.loads(raw.read_text()))
+
+
+@jax_run_group
+def test_smoke_run_jax_only(jax_run):
+  assert jax_run.code == 0
+  text = jax_run.text
   for heading in ("## Targets", "## Small-model regime",
                   "replicas trained at once", "Load average at end"):
     assert heading in text
   assert "gradients go to the parameters only" in text  # the FLOP count
-  dyck, replicas, paper = _groups(raw)
+  # the dyck section's groups: the small-model regime, its replicas, and
+  # the replicas at a paper's shape
+  i, dyck = jax_run.group("flax OptimizedLSTMCell",
+                          "sorjax lstm [small loops]")
+  replicas, paper = jax_run.groups()[i + 1:i + 3]
+  assert "sorjax lstm [x3 replicas (the training loop's groups), +adam]" in \
+      paper
   assert dyck["torch.nn.LSTM"]["error"].startswith(
       "skipped: torch not installed")
   for g, label in ((dyck, "sorjax lstm"), (dyck, "flax OptimizedLSTMCell"),
@@ -580,7 +631,7 @@ def test_smoke_run_jax_only(tmp_path):
   assert "## Where the cores sat" in text
   assert replicas["sorjax lstm [x3 replicas (vmap), +adam]"]["info"][
       "tokens_per_step"] == 3 * 2 * 6
-  assert "| skipped |" in text
+  assert "| skipped |" in jax_run.section("Small-model regime")
   assert "vmapped replicas in <= 3x the time of one" in text
   # its own worker process, which compiled small loops whole
   assert dyck["sorjax lstm [small loops]"]["info"]["small_loops"] is True
@@ -607,13 +658,12 @@ def test_smoke_run_jax_only(tmp_path):
       "as fast as on one device." in text
 
 
-def test_smoke_run_gemm_times_both_per_step_products(tmp_path):
+@jax_run_group
+def test_smoke_run_gemm_times_both_per_step_products(jax_run):
   """The gemm section times [B, H] x [H, 4H] and [B, H] x [H, H] chains,
   each against its own FLOPs (2 H N a token), beside the LSTMs."""
-  out, raw = tmp_path / "r.md", tmp_path / "r.json"
-  assert run.main(["--smoke", "--no-torch", "--sections", "gemm",
-                   "--out", str(out), "--json", str(raw)]) == 0
-  (gemm,) = _groups(raw)
+  assert jax_run.code == 0
+  _, gemm = jax_run.group("XLA per-step h @ W_h (fwd)")
   H = 8  # the smoke profile's shape, (2, 5, 8)
   for label, N in (("XLA per-step h @ W_h (fwd)", 4 * H),
                    (f"XLA per-step h @ W_h (fwd) [N = {H}]", H)):
@@ -621,17 +671,17 @@ def test_smoke_run_gemm_times_both_per_step_products(tmp_path):
     assert c["error"] is None and all(r > 0 for r in c["rates"])
     assert c["spec"]["N"] == N and c["flops_per_token"] == 2 * H * N
   assert gemm["sorjax lstm"]["error"] is None
-  text = out.read_text()
-  assert "## The per-step GEMM ceiling" in text
-  assert f"| XLA per-step h @ W_h (fwd) [N = {H}] |" in text
+  assert f"| XLA per-step h @ W_h (fwd) [N = {H}] |" in jax_run.section(
+      "The per-step GEMM ceiling")
 
 
-def test_smoke_run_fused_and_remat(tmp_path):
-  out, raw = tmp_path / "r.md", tmp_path / "r.json"
-  assert run.main(["--smoke", "--no-torch", "--sections", "fused,remat",
-                   "--cells", "lstm", "--out", str(out), "--json",
-                   str(raw)]) == 0
-  fused, remat_autodiff, remat_fused = _groups(raw)
+@jax_run_group
+def test_smoke_run_fused_and_remat(jax_run):
+  assert jax_run.code == 0
+  _, fused = jax_run.group("sorjax lstm [fused_grad=True]")
+  _, remat_autodiff = jax_run.group(
+      "sorjax mrnn [remat=dots, fused_grad=False]")
+  _, remat_fused = jax_run.group("sorjax mrnn [remat=True, fused_grad=True]")
   labels = [(fused, "sorjax lstm [fused_grad=True]"),
             (fused, "sorjax lstm [fused_grad=False]"),
             (remat_autodiff, "sorjax mrnn [remat=dots, fused_grad=False]"),
@@ -639,32 +689,30 @@ def test_smoke_run_fused_and_remat(tmp_path):
   for g, label in labels:
     assert g[label]["error"] is None, g[label]["error"]
     assert all(r > 0 for r in g[label]["rates"])
-  text = out.read_text()
-  assert "## Batched weight gradients" in text and "| lstm |" in text
-  assert "mrnn [remat=dots, fused_grad=False]" in text
+  assert "| lstm |" in jax_run.section("Batched weight gradients")
+  assert "mrnn [remat=dots, fused_grad=False]" in jax_run.section(
+      "Rematerialisation")
 
 
+@jax_run_group
 def test_smoke_run_cells_keeps_naive_forms_out_of_the_roofline_group(
-    tmp_path):
+    jax_run):
   """The cell's roofline group holds the two matmuls, sorjax's cell and its
   torch loop; its naive form is timed in a second group beside another
   copy of the cell, which gives the 'vs naive' ratio."""
-  out, raw = tmp_path / "r.md", tmp_path / "r.json"
-  assert run.main(["--smoke", "--no-torch", "--sections", "cells",
-                   "--cells", "mrnn", "--out", str(out), "--json",
-                   str(raw)]) == 0
-  groups = json.loads(raw.read_text())
-  main, beside = _groups(raw)
+  assert jax_run.code == 0
+  i, main = jax_run.group("torch loop mrnn")
+  j, beside = jax_run.group("naive mrnn")
   assert set(main) == {"sorjax mrnn", "torch loop mrnn"}
   assert set(beside) == {"sorjax mrnn", "naive mrnn"}
-  assert groups[0]["roofline_gflops"]["jax"] > 0
-  assert groups[1]["roofline_gflops"]["roofline"] is None
+  assert jax_run.raw[i]["roofline_gflops"]["jax"] > 0
+  assert jax_run.raw[j]["roofline_gflops"]["roofline"] is None
   assert main["sorjax mrnn"]["fraction"] > 0
   for label in ("sorjax mrnn", "naive mrnn"):
     assert beside[label]["error"] is None, beside[label]["error"]
     assert all(r > 0 for r in beside[label]["rates"])
   assert main["torch loop mrnn"]["error"].startswith("skipped")
-  (row,) = [ln for ln in out.read_text().splitlines()
+  (row,) = [ln for ln in jax_run.section("Every cell").splitlines()
             if ln.startswith("| mrnn |")]
   vs_naive = row.split("|")[5].strip()
   assert vs_naive.endswith("x") and float(vs_naive[:-1]) > 0
@@ -710,32 +758,37 @@ def test_replica_lanes_equal_vmapped_lstm_layers():
   from sorjax.cells.base import LSTMCarry
   from sorjax.fused_lstm import lstm_layer
   R, B, T, D, H = 3, 2, 7, 5, 4
-  k = jax.random.split(jax.random.key(0), 5)
-  p = (0.5 * jax.random.normal(k[0], (R, H, 4 * H)),
-       0.5 * jax.random.normal(k[1], (R, D, 4 * H)),
-       0.3 * jax.random.normal(k[2], (R, 4 * H)))
-  xs = jax.random.normal(k[3], (R, B, T, D))
-  G = jax.random.normal(k[4], (R, B, T, H))
+  rng = np.random.default_rng(0)  # NumPy draws: no RNG programs compile
+  normal = lambda scale, *shape: jnp.asarray(  # noqa: E731
+      scale * rng.standard_normal(shape), jnp.float32)
+  p = (normal(0.5, R, H, 4 * H), normal(0.5, R, D, 4 * H),
+       normal(0.3, R, 4 * H))
+  xs = normal(1.0, R, B, T, D)
+  G = normal(1.0, R, B, T, H)
 
   def one(W_h, W_x, b, x):
     z = jnp.zeros((B, H))
     return jnp.swapaxes(lstm_layer(W_h, W_x, b, jnp.swapaxes(x, 0, 1),
                                    LSTMCarry(z, z))[1], 0, 1)
 
-  def grads(f):  # of <f(W_h, W_x, b, xs), G> by the weights and xs
-    return jax.grad(lambda p, x: jnp.sum(f(*p, x) * G), (0, 1))(p, xs)
+  @jax.jit  # one program: eagerly, every op compiled one of its own
+  def outputs_and_grads(p, xs):
+    def of(f):  # f's outputs, the gradients of <f(W_h, W_x, b, xs), G>
+      ys, pull = jax.vjp(lambda p, x: f(*p, x), p, xs)  # by weights and xs
+      return ys, pull(G)
+    return of(jax.vmap(one)), of(replica_lanes.lstm_replicas)
 
-  ref = jax.vmap(one)(*p, xs)
-  got = replica_lanes.lstm_replicas(*p, xs)
+  (ref, grads_ref), (got, grads_got) = outputs_and_grads(p, xs)
   np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-5)
-  g_ref, g_got = (jax.tree_util.tree_leaves(grads(f)) for f in (
-      jax.vmap(one), replica_lanes.lstm_replicas))
+  g_ref, g_got = (jax.tree_util.tree_leaves(g) for g in (grads_ref,
+                                                         grads_got))
   assert len(g_got) == 4
   for a, b in zip(g_got, g_ref):
     np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-5)
   with pytest.raises(ValueError, match=r"lstm_replicas: want W_h .* got W_h "
                      r"\(3, 4, 16\), W_x \(3, 4, 16\)"):
-    replica_lanes.lstm_replicas(p[0], p[1][:, :4], p[2], xs)
+    replica_lanes.lstm_replicas(p[0], jnp.asarray(np.asarray(p[1])[:, :4]),
+                                p[2], xs)
 
 
 @pytest.mark.parametrize("argv, flag", [

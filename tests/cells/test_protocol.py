@@ -2,6 +2,10 @@
 
 References are independent of the scan: a Python loop of `step`, a loop over
 examples, a truncated sequence, finite differences.
+
+Slices of inputs and outputs are taken in NumPy (`cut`): each eager jnp
+slice of a new shape or index compiles a program of its own, which was
+much of these tiny tests' time.
 """
 
 import re
@@ -10,12 +14,12 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import optax
-from jax import test_util as jtu
 import pytest
 
 import sorjax
 from sorjax import cells
 from tests.cells.configs import SMALL
+from tests.cells.reference import random_params
 
 B, T = 3, 6
 
@@ -50,29 +54,43 @@ def setup(name, dtype=jnp.float32, seed=0):
   return cell, params, xs, aux
 
 
+def cut(a, index):
+  """a[index], sliced in NumPy (no compile), as a jax array."""
+  return jnp.asarray(np.asarray(a)[index])
+
+
+def cut_aux(aux, index):
+  """Per-token ([B, T]) aux sliced like xs[index]; scalars as they are."""
+  return {k: (cut(v, index) if jnp.ndim(v) >= 2 else v)
+          for k, v in aux.items()}
+
+
 def aux_at(aux, b=None, t=None):
   """Slices per-token aux like xs[b, t]."""
-  out = {}
-  for k, v in aux.items():
-    v = jnp.asarray(v)
-    if v.ndim >= 2:
-      v = v if b is None else v[b]
-      if t is not None:
-        v = v[..., t] if b is not None else v[:, t]
-    out[k] = v
-  return out
+  index = (slice(None) if b is None else b,
+           slice(None) if t is None else t)
+  return cut_aux(aux, index)
+
+
+def precompute_shapes(cell, params, xs, aux):
+  """The shapes and dtypes of cell.precompute(params, xs, **aux)."""
+  return jax.eval_shape(lambda p, x, a: cell.precompute(p, x, **a), params,
+                        xs, aux)
 
 
 def loop_reference(cell, params, xs, aux, carry=None):
-  """A plain Python loop of precompute+step over time."""
+  """A plain Python loop of precompute+step over time (each jitted: one
+  program apiece, not one per op)."""
   Bn, Tn, _ = xs.shape
   carry = cell.initial_carry(params, (Bn,)) if carry is None else carry
   ys = []
+  pre = jax.jit(lambda p, x, a: cell.precompute(p, x, **a))
+  step = jax.jit(cell.step)
   for t in range(Tn):
-    xp = cell.precompute(params, xs[:, t], **aux_at(aux, t=t))
-    carry, y = cell.step(params, carry, xp)
-    ys.append(y)
-  return carry, jnp.stack(ys, 1)
+    xp = pre(params, cut(xs, np.s_[:, t]), aux_at(aux, t=t))
+    carry, y = step(params, carry, xp)
+    ys.append(np.asarray(y))
+  return carry, np.stack(ys, 1)
 
 
 def assert_tree_close(a, b, **tol):
@@ -98,21 +116,22 @@ def test_scan_equals_python_loop(name):
 def test_step_refuses_the_input_terms_of_a_whole_sequence(name):
   """A whole sequence's xp, [B, T, ..] with T = B, broadcasts against the
   carry under JAX's default rank promotion into a [B, B, H] state: step
-  names the mistake instead."""
+  names the mistake instead. The step checks shapes as it is traced: run
+  on shapes alone (jax.eval_shape), nothing compiles."""
   cell, params, xs, aux = setup(name)
   carry = cell.initial_carry(params, (B,))
   must = (rf"{name}.step: xp must be one step's input terms "
           rf"\(cell.precompute\(params, xs\[:, t\]\)\), for the carry's "
           rf"batch shape \({B},\): the carry \(.h \({B}, ")
   for t in (B, T):  # T = B broadcasts silently; T != B fails, unnamed
-    seq = {k: (v[:, :t] if jnp.ndim(v) >= 2 else v) for k, v in aux.items()}
-    xp = cell.precompute(params, xs[:, :t], **seq)
+    xp = precompute_shapes(cell, params, cut(xs, np.s_[:, :t]),
+                           cut_aux(aux, np.s_[:, :t]))
     with jax.numpy_rank_promotion("allow"), pytest.raises(
         ValueError, match=must + (r".*\) became \(" if t == B else
                                   r".*\) do not combine \(")):
-      cell.step(params, carry, xp)
-  new, y = cell.step(params, carry,
-                     cell.precompute(params, xs[:, 0], **aux_at(aux, t=0)))
+      jax.eval_shape(cell.step, params, carry, xp)
+  new, y = jax.eval_shape(cell.step, params, carry, precompute_shapes(
+      cell, params, cut(xs, np.s_[:, 0]), aux_at(aux, t=0)))
   assert y.shape == (B, cell.hidden_size)
   shapes = lambda c: jax.tree_util.tree_map(jnp.shape, c)  # noqa: E731
   assert shapes(new) == shapes(carry)
@@ -128,13 +147,14 @@ def test_step_names_params_of_another_hidden_size(name):
   if name == "mts_lstm":  # one timescale per unit
     more["timescales"] = kwargs["timescales"] + (32.0, 64.0)
   big = cells.make(name, **{**kwargs, **more})
-  wrong = big.init(jax.random.key(1), D)
+  wrong = random_params(big, D, 1)  # init's shapes; no RNG compiles
   carry = cell.initial_carry(params, B)
   assert jax.tree_util.tree_map(jnp.shape, carry) == jax.tree_util.tree_map(
       jnp.shape, cell.initial_carry(params, (B,)))
   with pytest.raises(ValueError, match="batch_shape must be a tuple of ints"):
     cell.initial_carry(params, (B, "2"))
-  xp = big.precompute(wrong, xs[:, 0], **aux_at(aux, t=0))
+  xp = precompute_shapes(big, wrong, cut(xs, np.s_[:, 0]),
+                         aux_at(aux, t=0))
   if name == "dyck_rnn":  # its step reads no params: xp is what is wrong
     match = r"dyck_rnn.step: xp must be one step's input terms"
   else:
@@ -143,7 +163,7 @@ def test_step_names_params_of_another_hidden_size(name):
              rf"{cell.hidden_size} at any input size")
   with jax.numpy_rank_promotion("allow"), pytest.raises(ValueError,
                                                         match=match):
-    cell.step(wrong, carry, xp)
+    jax.eval_shape(cell.step, wrong, carry, xp)  # checked as it is traced
 
 
 @pytest.mark.parametrize("name", SEQ)
@@ -161,14 +181,11 @@ def test_hoist_remat_unroll_do_not_change_results(name, hoist, remat,
 @pytest.mark.parametrize("name", SEQ)
 def test_batched_equals_per_example(name):
   cell, params, xs, aux = setup(name)
-  _, ys = sorjax.unroll(cell, params, xs, **aux)
+  ys = np.asarray(sorjax.unroll(cell, params, xs, **aux)[1])
   for b in range(B):
-    _, yb = sorjax.unroll(cell, params, xs[b:b + 1], **aux_at_batch(aux, b))
+    _, yb = sorjax.unroll(cell, params, cut(xs, np.s_[b:b + 1]),
+                          **cut_aux(aux, np.s_[b:b + 1]))
     np.testing.assert_allclose(ys[b:b + 1], yb, rtol=1e-5, atol=1e-6)
-
-
-def aux_at_batch(aux, b):
-  return {k: (v[b:b + 1] if jnp.ndim(v) >= 2 else v) for k, v in aux.items()}
 
 
 @pytest.mark.parametrize("name", SEQ)
@@ -176,18 +193,17 @@ def aux_at_batch(aux, b):
 def test_lengths_mask_equals_truncation(name, reverse):
   cell, params, xs, aux = setup(name)
   lengths = jnp.array([T, 2, 4])
-  carry, ys = sorjax.unroll(cell, params, xs, lengths=lengths,
-                            reverse=reverse, **aux)
+  carry, ys = jax.tree_util.tree_map(np.asarray, sorjax.unroll(
+      cell, params, xs, lengths=lengths, reverse=reverse, **aux))
   for b in range(B):
     L = int(lengths[b])
-    sub = {k: (v[b:b + 1, :L] if jnp.ndim(v) >= 2 else v)
-           for k, v in aux.items()}
-    cb, yb = sorjax.unroll(cell, params, xs[b:b + 1, :L], reverse=reverse,
-                           **sub)
+    index = np.s_[b:b + 1, :L]
+    cb, yb = sorjax.unroll(cell, params, cut(xs, index), reverse=reverse,
+                           **cut_aux(aux, index))
     np.testing.assert_allclose(ys[b, :L], yb[0], rtol=1e-5, atol=1e-6)
     np.testing.assert_array_equal(ys[b, L:], 0.0)
     assert_tree_close(jax.tree_util.tree_map(lambda a: a[b], carry),
-                      jax.tree_util.tree_map(lambda a: a[0], cb),
+                      jax.tree_util.tree_map(lambda a: np.asarray(a)[0], cb),
                       rtol=1e-5, atol=1e-6)
 
 
@@ -202,24 +218,48 @@ def test_vmap_over_unbatched_examples(name):
     _, y = sorjax.unroll(cell, params, x[None],
                          **{k: v[None] for k, v in a.items()}, **scalars)
     return y[0]
-  yv = jax.vmap(one)(xs, per_token)
+  yv = jax.jit(jax.vmap(one))(xs, per_token)
   np.testing.assert_allclose(ys, yv, rtol=1e-5, atol=1e-6)
 
 
 @pytest.mark.parametrize("name", SEQ)
 def test_gradients_match_finite_differences(name):
-  with jax.enable_x64(True):
-    cell, params, xs, aux = setup(name, dtype=jnp.float64)
-    lengths = jnp.array([T, 3, 5])
-    w = jax.random.normal(jax.random.key(9), (B, T, cell.hidden_size),
-                          jnp.float64)
+  """The gradient to the params and inputs along a random direction v
+  equals the loss's central difference (jax.test_util.check_grads's check,
+  its step and tolerance) in float64. One compiled program gives the
+  gradient and the two shifted losses: evaluated eagerly, every op of the
+  forward and backward compiled on its own (most of the test's time)."""
+  cell, params, xs, aux = setup(name)
+  # float64 NumPy copies of the float32 draws: no float64 RNG programs.
+  args = jax.tree_util.tree_map(lambda a: np.asarray(a, np.float64),
+                                (params, xs))
+  rng = np.random.default_rng(9)
+  w = rng.standard_normal((B, T, cell.hidden_size))
+  v = jax.tree_util.tree_map(lambda a: rng.standard_normal(a.shape), args)
+  eps = 1e-4  # jax.test_util.check_grads's
 
-    def loss(p, x):
-      carry, ys = sorjax.unroll(cell, p, x, lengths=lengths, **aux)
-      return jnp.sum(ys * w) + sum(jnp.sum(l) for l in
-                                   jax.tree_util.tree_leaves(carry))
-    jtu.check_grads(loss, (params, xs), order=1, modes=["rev"],
-                              atol=1e-5, rtol=1e-5)
+  def loss(p, x):
+    carry, ys = sorjax.unroll(cell, p, x, lengths=lengths, **aux)
+    return jnp.sum(ys * w) + sum(jnp.sum(l) for l in
+                                 jax.tree_util.tree_leaves(carry))
+
+  @jax.jit
+  def probe(args, v):
+    grads = jax.grad(loss, (0, 1))(*args)
+    shifted = [loss(*jax.tree_util.tree_map(lambda a, d: a + s * d, args, v))
+               for s in (eps, -eps)]
+    return grads, shifted
+
+  with jax.enable_x64(True):
+    lengths = jnp.array([T, 3, 5])
+    grads, (up, down) = probe(args, v)
+  # in NumPy: float64 jax arrays, outside enable_x64, compute in float32
+  up, down = np.asarray(up), np.asarray(down)
+  assert up.dtype == np.float64
+  along = sum(np.vdot(g, d) for g, d in zip(jax.tree_util.tree_leaves(grads),
+                                            jax.tree_util.tree_leaves(v)))
+  np.testing.assert_allclose(along, (up - down) / (2 * eps), atol=1e-5,
+                             rtol=1e-5)
 
 
 @pytest.mark.parametrize("name", SEQ)
@@ -243,7 +283,7 @@ def test_one_optax_step_changes_every_trainable_array(name):
     _, ys = sorjax.unroll(cell, p, xs, **aux)
     return jnp.sum(ys ** 2)
   opt = optax.sgd(0.1)
-  grads = jax.grad(loss)(params)
+  grads = jax.jit(jax.grad(loss))(params)
   updates, _ = opt.update(grads, opt.init(params), params)
   new = optax.apply_updates(params, updates)
   changed = jax.tree_util.tree_map(lambda a, b: bool(jnp.any(a != b)),

@@ -55,7 +55,22 @@ def dyck_run(tmp_path_factory):
   cfg.model.num_cells = 2
   cfg.model.intermediate_size = None
   cfg.temperature.decay = 0.5
+  cfg.data.num_buckets = 1  # one batch shape: one train step to compile
+  cfg.num_replicas = 2      # the command line compares them
   return _train(_quick(cfg), tmp_path_factory.mktemp("dyck"))
+
+
+@pytest.fixture(scope="module")
+def dyck_cli(dyck_run):
+  """One run of the analysis binary over the Dyck run's replica 0, with
+  --compare of its replica 1 (read by perplexity): its output serves the
+  command-line test and the --compare_replica test (each process costs
+  seconds of imports and restores)."""
+  return subprocess.run(
+      [sys.executable, "-m", "experiments.analyze", f"--workdir={dyck_run}",
+       "--analyses=perplexity,ldpa,principal_angles,attention_heatmap",
+       f"--compare={dyck_run}", "--compare_replica=1"],
+      cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
 @pytest.fixture(scope="module")
@@ -63,7 +78,7 @@ def pcfg_run(tmp_path_factory):
   cfg = common.config(
       "dyck_pcfg", common.pcfg_data(preset="suzgun", scale=0.005,
                                     batch_size=16, eval_batch_size=32,
-                                    num_buckets=2),
+                                    num_buckets=1),   # one step to compile
       layers=({"cell": "mts_lstm", "hidden_size": 8,
                "timescales": ("inverse_gamma", 1.5)},
               {"cell": "lstm", "hidden_size": 6}), embed_size=6)
@@ -80,17 +95,21 @@ def tfds_dir(tmp_path_factory, shared_data):
 
 @pytest.fixture(scope="module")
 def lm_run(tmp_path_factory, tfds_dir):
-  """A character LM (Maupome & Meurs' PTB) with an mts_lstm layer and two
-  replicas: one run serves every LM analysis."""
+  """A character LM of one mts_lstm layer and two replicas: one run
+  serves every LM analysis (the PCFG run has the two-layer model). Its
+  corpus is Tiny Shakespeare, a fifth of Maupome & Meurs' PTB (which
+  tests/data/test_corpora reads) and quicker to prepare. Its train tokens
+  make 8 streams of 12 whole windows of 20 (8 x (12 x 20 + 1)): no shorter
+  last window, so one train step to compile."""
   cfg = common.config(
-      "lm", common.lm_data(corpus="ptb_char_maupome", data_dir=tfds_dir,
+      "lm", common.lm_data(corpus="tinyshakespeare", data_dir=tfds_dir,
                            batch_size=8, bptt=20, eval_batch_size=4,
-                           eval_bptt=40, max_train_tokens=3000,
+                           eval_bptt=40, max_train_tokens=8 * 241,
                            max_eval_tokens=2000),
       layers=({"cell": "mts_lstm", "hidden_size": 12,
                "timescales": ("groups", (("constant", 3.0, 6),
-                                         ("inverse_gamma", 0.56, 6)))},
-              {"cell": "lstm", "hidden_size": 8}), embed_size=8)
+                                         ("inverse_gamma", 0.56, 6)))},),
+      embed_size=8)
   cfg.num_replicas = 2
   cfg.optim.learning_rate = 1e-2
   return _train(_quick(cfg), tmp_path_factory.mktemp("lm"))
@@ -105,11 +124,8 @@ def tree_run(tmp_path_factory):
   return _train(_quick(cfg, epochs=2), tmp_path_factory.mktemp("trees"))
 
 
-def test_dyck_analyses_from_the_command_line(dyck_run):
-  res = subprocess.run(
-      [sys.executable, "-m", "experiments.analyze", f"--workdir={dyck_run}",
-       "--analyses=perplexity,ldpa,principal_angles,attention_heatmap"],
-      cwd=ROOT, capture_output=True, text=True, timeout=600)
+def test_dyck_analyses_from_the_command_line(dyck_run, dyck_cli):
+  res = dyck_cli
   assert res.returncode == 0, res.stderr[-3000:]
   out = os.path.join(dyck_run, "analysis")
   for name in ("perplexity.json", "ldpa.json", "ldpa.png",
@@ -251,29 +267,28 @@ def test_the_cli_names_analyses_and_compare_before_restoring(dyck_run,
           "--compare_replica=0): " in res.stderr), res.stderr[-2000:]
 
 
-def test_the_cli_compares_another_replica_of_the_same_run(lm_run,
-                                                         tmp_path):
+def test_the_cli_compares_another_replica_of_the_same_run(dyck_run,
+                                                         dyck_cli, tmp_path):
   """--compare_replica picks the compared run's seed (it was always 0);
   its errors name it, and without --compare it is a usage error."""
   def analyze(*args):
     return subprocess.run([sys.executable, "-m", "experiments.analyze",
-                           f"--workdir={lm_run}", "--analyses=perplexity",
+                           f"--workdir={dyck_run}", "--analyses=perplexity",
                            *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=300)
-  res = analyze(f"--compare={lm_run}", "--compare_replica=1",
-                f"--out={tmp_path}")
+  res = dyck_cli   # --compare={dyck_run} --compare_replica=1
   assert res.returncode == 0, res.stderr[-2000:]
-  with open(tmp_path / "perplexity.json") as f:
+  with open(os.path.join(dyck_run, "analysis", "perplexity.json")) as f:
     ppl = json.load(f)
   assert ppl["source"]["replica"] == 0
   assert ppl["source"]["compare"]["replica"] == 1
-  other = sorjax.restore(lm_run, replica=1)
+  other = sorjax.restore(dyck_run, replica=1)
   assert ppl["other"]["cross_entropy"] == pytest.approx(
       perplexity.perplexity(other)["cross_entropy"])
-  res = analyze(f"--compare={lm_run}", "--compare_replica=2",
+  res = analyze(f"--compare={dyck_run}", "--compare_replica=2",
                 f"--out={tmp_path}")
   assert res.returncode == 1
-  assert (f"analysis error: --compare={lm_run} (--compare_step=best, "
+  assert (f"analysis error: --compare={dyck_run} (--compare_step=best, "
           "--compare_replica=2): replica 2 out of range: the run has 2"
           in res.stderr), res.stderr[-2000:]
   res = analyze("--compare_replica=1")
@@ -323,7 +338,7 @@ def test_runs_of_other_tasks_and_text_for_a_dyck_run_are_refused(
   lm, dyck = sorjax.restore(lm_run), sorjax.restore(dyck_run)
   with pytest.raises(AnalysisError, match=r"--compare: perplexity cannot "
                      r"compare runs of another task or data: .* has task "
-                     r"'lm', data.corpus 'ptb_char_maupome', .* has task "
+                     r"'lm', data.corpus 'tinyshakespeare', .* has task "
                      r"'dyck_lm', data.k 2, data.m 3"):
     runner.run_analyses(lm, ["perplexity"], str(tmp_path / "o"),
                         compare=dyck)

@@ -160,12 +160,39 @@ def quick_compiles():
   jax.config.update("jax_disable_most_optimizations", before)
 
 
+@pytest.fixture(scope="module")
+def _tasks():
+  return {}
+
+
+def small_task(case: Case, request, monkeypatch):
+  """(`small_with_data(case)`, its task): the task (corpora, model) built
+  once per case with `make_task` and shared by the case's smoke run and
+  lowering test. A task keeps no state across runs: each epoch sets its
+  batcher's position."""
+  cfg = small_with_data(case, request, monkeypatch)
+  tasks = request.getfixturevalue("_tasks")
+  if case.id not in tasks:
+    tasks[case.id] = (cfg.to_dict(), make_task(cfg))
+  built_from, task = tasks[case.id]
+  assert cfg.to_dict() == built_from
+  return cfg, task
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
 def test_config_trains_a_few_steps_at_cpu_scale(case, tmp_path, request,
                                                 monkeypatch, quick_compiles):
-  cfg = small_with_data(case, request, monkeypatch)
+  cfg, task = small_task(case, request, monkeypatch)
+  made = []
+
+  def make_task_once(config):  # train_and_evaluate's, for this config
+    assert config is cfg and not made
+    made.append(config)
+    return task
+  monkeypatch.setattr(train, "make_task", make_task_once)
   state = train.train_and_evaluate(cfg, str(tmp_path))
+  assert made
   R = cfg.num_replicas
   steps = np.asarray(state.step)
   assert steps.shape == (R,) and np.all(steps == steps[0]) and steps[0] >= 2
@@ -193,8 +220,7 @@ def test_config_train_step_lowers_for_gpu_and_tpu(case, tmp_path, request,
   """The whole train step the loop jits (vmapped replicas, optimiser,
   non-finite guard), and one replica's loss in evaluation mode, lower
   for cuda and tpu (tests/lowering.py), at the smoke run's shapes."""
-  cfg = small_with_data(case, request, monkeypatch)
-  task = make_task(cfg)
+  cfg, task = small_task(case, request, monkeypatch)
   trainer = Trainer(task, cfg, str(tmp_path))
   state, batch, temperature = train_step_args(task, trainer)
   assert_lowers_for_accelerators(trainer._step_fn, state, batch, temperature)

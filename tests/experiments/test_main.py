@@ -1,11 +1,14 @@
 """The launcher's own checks of its path flags, and a signal's exit: run as
 the absl binary (`python -m experiments.main`)."""
 
+import json
 import os
 import signal
 import subprocess
 import sys
 import time
+
+import pytest
 
 # experiments.main defines absl flags (experiments.reproduce too): its
 # argv checks live in experiments.train, importable beside both.
@@ -14,11 +17,41 @@ from experiments import train as launcher
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "tests", "experiments", "tiny_dyck.py")
+# tiny_dyck with train.max_steps settable: the runs below train one step
+TINY = os.path.join(ROOT, "tests", "experiments", "tiny_main.py")
 LIN = os.path.join(ROOT, "experiments", "configs", "lin_dyck.py")
+# The training runs' model, given on the command line: tiny_dyck's mrnn
+# made an lstm by unsetting an int field (None), rematerialised with
+# "dots". The SIGINT run trains the same programs, so the one of the two
+# that runs second reads them from the session's compilation cache.
+LSTM_DOTS = ["--config.model.cell=lstm",
+             "--config.model.intermediate_size=None",
+             "--config.model.remat=dots"]
+
+# one worker runs the module: `lstm_dots_run` once, after the SIGINT run
+pytestmark = pytest.mark.xdist_group("experiments.test_main")
 
 
 def argv(config, workdir):
   return ["main", f"--config={config}", f"--workdir={workdir}"]
+
+
+def run_main(*args, timeout=300):
+  return subprocess.run([sys.executable, "-m", "experiments.main", *args],
+                        cwd=ROOT, capture_output=True, text=True,
+                        timeout=timeout)
+
+
+@pytest.fixture(scope="module")
+def lstm_dots_run(tmp_path_factory):
+  """One step of `LSTM_DOTS` through the binary: (result, the run's
+  config.json)."""
+  workdir = tmp_path_factory.mktemp("lstm_dots")
+  res = run_main(*argv(TINY, workdir)[1:], *LSTM_DOTS,
+                 "--config.train.max_steps=1")
+  assert res.returncode == 0, res.stderr[-2000:]
+  with open(workdir / "config.json", encoding="utf-8") as f:
+    return res, json.load(f)
 
 
 def test_bad_config_file_variant_and_workdir_are_named(tmp_path):
@@ -59,8 +92,9 @@ def test_bad_config_file_variant_and_workdir_are_named(tmp_path):
 def test_sigint_saves_the_step_and_exits_130_without_a_traceback(tmp_path):
   workdir = tmp_path / "run"
   proc = subprocess.Popen(
-      [sys.executable, "-m", "experiments.main", *argv(CONFIG, workdir)[1:],
-       "--config.train.num_epochs=100000", "--config.train.log_every=1",
+      [sys.executable, "-m", "experiments.main", *argv(TINY, workdir)[1:],
+       *LSTM_DOTS, "--config.train.num_epochs=100000",
+       "--config.train.log_every=1",
        "--config.train.checkpoint_every=100000"],
       cwd=ROOT, stderr=subprocess.PIPE, text=True)
   metrics = workdir / "metrics.jsonl"
@@ -89,24 +123,17 @@ def test_none_overrides_are_taken_out_and_the_last_flag_wins():
                     "model.intermediate_size")]
 
 
-def test_an_int_field_is_unset_by_none_from_the_command_line(tmp_path):
+def test_an_int_field_is_unset_by_none_from_the_command_line(
+    tmp_path, lstm_dots_run):
   """ml_collections parses an override with the field's type, so the
   tiny config's mrnn could not become an lstm (intermediate_size=12 is
   not an lstm hyperparameter) without editing the file."""
-  workdir = tmp_path / "lstm"
-  res = subprocess.run(
-      [sys.executable, "-m", "experiments.main", *argv(CONFIG, workdir)[1:],
-       "--config.model.cell=lstm", "--config.model.intermediate_size=None",
-       "--config.train.num_epochs=1"], cwd=ROOT, capture_output=True,
-      text=True, timeout=300)
-  assert res.returncode == 0, res.stderr[-2000:]
-  import json
-  model = json.load(open(workdir / "config.json"))["model"]
+  res, config = lstm_dots_run
+  assert res.returncode == 0
+  model = config["model"]
   assert model["cell"] == "lstm" and model["intermediate_size"] is None
-  res = subprocess.run(
-      [sys.executable, "-m", "experiments.main", *argv(CONFIG, workdir)[1:],
-       "--config.model.intermedate_size=None"], cwd=ROOT,
-      capture_output=True, text=True, timeout=120)
+  res = run_main(*argv(CONFIG, tmp_path / "lstm")[1:],
+                 "--config.model.intermedate_size=None", timeout=120)
   assert res.returncode == 1
   assert "model has no field 'intermedate_size'; did you mean " \
       "'intermediate_size'?" in res.stderr
@@ -126,20 +153,14 @@ def test_cpu_devices_and_small_loops_together(tmp_path):
   assert res.stdout.split() == ["2", "True"]
 
 
-def test_remat_dots_from_the_command_line(tmp_path):
+def test_remat_dots_from_the_command_line(tmp_path, lstm_dots_run):
   """model.remat was a bool field, so "dots" (unroll's third value) was a
   flag error; any other value is a config error naming the field."""
-  import json
-  workdir = tmp_path / "dots"
-  cmd = [sys.executable, "-m", "experiments.main", *argv(CONFIG, workdir)[1:],
-         "--config.train.num_epochs=1"]
-  res = subprocess.run(cmd + ["--config.model.remat=dots"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
-  assert res.returncode == 0, res.stderr[-2000:]
-  assert json.load(open(workdir / "config.json"))["model"]["remat"] == "dots"
-  res = subprocess.run(cmd + ["--config.model.remat=1",
-                              f"--workdir={tmp_path / 'one'}"], cwd=ROOT,
-                       capture_output=True, text=True, timeout=300)
+  res, config = lstm_dots_run
+  assert res.returncode == 0
+  assert config["model"]["remat"] == "dots"
+  res = run_main(*argv(CONFIG, tmp_path / "one")[1:],
+                 "--config.train.num_epochs=1", "--config.model.remat=1")
   assert res.returncode == 1
   assert res.stderr.strip().endswith(
       "config error: model.remat must be False, True or \"dots\", got 1")

@@ -22,22 +22,45 @@ from tests.experiments import tiny_dyck
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "tests", "experiments", "tiny_dyck.py")
+ONE_STEP = os.path.join(ROOT, "tests", "experiments", "tiny_dyck_b.py")
 
 
-def main_cmd(workdir, *overrides):
-  return [sys.executable, "-m", "experiments.main", f"--config={CONFIG}",
+def main_cmd(workdir, *overrides, config=CONFIG):
+  return [sys.executable, "-m", "experiments.main", f"--config={config}",
           f"--workdir={workdir}", *overrides]
 
 
-def test_loss_falls_on_a_tiny_dyck_task(tmp_path):
+# the tests of dyck_run share it: one worker trains it (--dist loadgroup)
+dyck_group = pytest.mark.xdist_group("experiments.test_train.dyck")
+
+
+@pytest.fixture(scope="module")
+def dyck_run(tmp_path_factory):
+  """(workdir, final step) of one uninterrupted tiny_dyck run, trained
+  here (the binary's runs of the same config then compile nothing new: the
+  session's compilation cache), keeping every checkpoint. Read, never
+  written, by the loss test, the fresh-process restore, and as the
+  parameters that a killed and resumed run (at the end) and the
+  --host_malloc modes' one-epoch runs (at epoch 1) must end with."""
+  workdir = tmp_path_factory.mktemp("dyck_run")
   cfg = tiny_dyck.get_config()
-  state = train.train_and_evaluate(cfg, str(tmp_path))
-  dev = read_metrics(str(tmp_path), "dev")
+  cfg.train.keep_checkpoints = 100   # train.*: the same training
+  # as _dtype_promotion_for_optax sets for the tests (this module fixture
+  # is set up before that function-scoped one)
+  with jax.numpy_dtype_promotion("standard"):
+    state = train.train_and_evaluate(cfg, str(workdir))
+  return workdir, int(state.step[0])
+
+
+@dyck_group
+def test_loss_falls_on_a_tiny_dyck_task(dyck_run):
+  workdir, step = dyck_run
+  dev = read_metrics(str(workdir), "dev")
   assert len(dev) == 3
   assert dev[-1]["loss"] < dev[0]["loss"]
   assert dev[-1]["oracle_perplexity"] < dev[-1]["perplexity"]
   assert 0.0 <= dev[-1]["wcpa"] <= 1.0
-  assert int(state.step[0]) > 0
+  assert step > 0
 
 
 def test_config_errors_stop_before_training(tmp_path):
@@ -210,11 +233,13 @@ def test_unknown_override_names_the_flag_and_the_fields_there():
 def test_jax_flags_reach_jax(tmp_path):
   # The launchers register JAX's options as absl flags: here a cache
   # directory of the run's own (overriding the test session's), filled by
-  # its compiles.
+  # its compiles (a run of one step: the model's initialisation alone
+  # compiles dozens of programs, each into this empty cache).
   cache = tmp_path / "xla_cache"
-  subprocess.run(main_cmd(tmp_path / "run", "--config.train.num_epochs=1",
+  subprocess.run(main_cmd(tmp_path / "run",
                           f"--jax_compilation_cache_dir={cache}",
-                          "--jax_persistent_cache_min_compile_time_secs=0"),
+                          "--jax_persistent_cache_min_compile_time_secs=0",
+                          config=ONE_STEP),
                  cwd=ROOT, check=True, capture_output=True, timeout=600)
   assert len(os.listdir(cache)) > 10
   res = subprocess.run([sys.executable, "-m", "experiments.analyze",
@@ -227,10 +252,10 @@ def test_jax_flags_reach_jax(tmp_path):
   assert res.returncode == 0 and "dyck_rnn" in res.stdout
 
 
-def test_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
-  full, cut = tmp_path / "full", tmp_path / "cut"
-  subprocess.run(main_cmd(full), cwd=ROOT, check=True, capture_output=True,
-                 timeout=600)
+@dyck_group
+def test_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path,
+                                                             dyck_run):
+  (full, last), cut = dyck_run, tmp_path / "cut"
   proc = subprocess.Popen(main_cmd(cut), cwd=ROOT, stdout=subprocess.DEVNULL,
                           stderr=subprocess.DEVNULL)
   deadline = time.time() + 300
@@ -243,19 +268,22 @@ def test_killed_run_resumes_to_the_uninterrupted_parameters(tmp_path):
   proc.send_signal(signal.SIGKILL)
   proc.wait()
   steps = sorted(int(d) for d in os.listdir(ckpts) if d.isdigit())
-  assert steps and steps[-1] < 45, f"the run finished before the kill: {steps}"
-  subprocess.run(main_cmd(cut), cwd=ROOT, check=True, capture_output=True,
-                 timeout=600)
+  assert steps and steps[-1] < 45 < last, (
+      f"the run finished before the kill: {steps} of {last}")
+  # The rerun, in this process (the kill was the process boundary): the
+  # loop resumes from what the killed one left (its config.json must
+  # match: the resume check).
+  train.train_and_evaluate(tiny_dyck.get_config(), str(cut))
   a = sorjax.restore(str(full), "latest")
   b = sorjax.restore(str(cut), "latest")
   assert a.step == b.step
   jax.tree_util.tree_map(np.testing.assert_array_equal, a.params, b.params)
 
 
-def test_restore_in_a_fresh_process(tmp_path):
-  train.train_and_evaluate(tiny_dyck.get_config(), str(tmp_path))
+@dyck_group
+def test_restore_in_a_fresh_process(tmp_path, dyck_run):
   code = ("import sorjax, numpy as np, json;"
-          f"run = sorjax.restore({str(tmp_path)!r}, 'best');"
+          f"run = sorjax.restore({str(dyck_run[0])!r}, 'best');"
           "lp = run.log_probs(np.array([4, 0, 1, 3, 2, 5]));"
           "print(json.dumps([run.step, list(lp.shape), "
           "np.exp(lp).sum(-1).tolist(), run.config.model.cell]))")
@@ -269,12 +297,28 @@ def test_restore_in_a_fresh_process(tmp_path):
     sorjax.restore(str(tmp_path / "nothing"))
 
 
+@pytest.fixture(scope="module")
+def ptb_dir(tmp_path_factory, shared_data):
+  """The LM tests' TFDS data_dir: PTB (words) prepared there by the first
+  of them and read by the others (preparing it takes 15-20 s)."""
+  del shared_data   # skips the tests without the corpora
+  return str(tmp_path_factory.mktemp("tfds"))
+
+
+# the LM tests share ptb_dir: one worker prepares it (--dist loadgroup)
+lm_group = pytest.mark.xdist_group("experiments.test_train.lm")
+
+
+@lm_group
 def test_lm_task_trains_with_tbptt_and_restores(tmp_path, shared_data,
-                                                monkeypatch):
+                                                ptb_dir, monkeypatch):
   monkeypatch.setenv("SORJAX_DATA_DIR", shared_data)
   from tests.experiments import tiny_lm
   cfg = tiny_lm.get_config()
-  cfg.data.data_dir = str(tmp_path / "tfds")
+  cfg.data.data_dir = ptb_dir
+  # half the tokens (the loss still falls by 0.5 nats), a quarter of the
+  # evaluation: the 10k-word softmax is most of each step's time
+  cfg.data.max_train_tokens, cfg.data.max_eval_tokens = 2000, 400
   state = train.train_and_evaluate(cfg, str(tmp_path / "run"))
   valid = read_metrics(str(tmp_path / "run"), "valid")
   assert valid[-1]["loss"] < valid[0]["loss"]
@@ -286,20 +330,23 @@ def test_lm_task_trains_with_tbptt_and_restores(tmp_path, shared_data,
   np.testing.assert_allclose(np.exp(lp).sum(-1), 1.0, rtol=1e-5)
 
 
-def test_lm_task_cuts_training_sentences_only(tmp_path, shared_data,
+@lm_group
+def test_lm_task_cuts_training_sentences_only(shared_data, ptb_dir,
                                               monkeypatch):
   """data.train_sentence_cutoff (Renganathan & Singh 6.1): every training
-  line keeps its first N characters and its end of line; valid and test
-  stay whole."""
+  line keeps its first N symbols (the paper's characters; here PTB's words,
+  the corpus the other LM tests prepare) and its end of line; valid and
+  test stay whole."""
   monkeypatch.setenv("SORJAX_DATA_DIR", shared_data)
   from experiments.configs import renganathan_ptb
   from sorjax.training.tasks import make_task
-  cfg = renganathan_ptb.get_config("char,lstm,cut=25")
-  cfg.data.data_dir = str(tmp_path / "tfds")
-  cfg.model.budget, cfg.model.embed_size = 2000, 4
-  whole = renganathan_ptb.get_config("char,lstm")
+  cfg = renganathan_ptb.get_config("word,lstm,cut=25")
+  cfg.data.data_dir = ptb_dir
+  cfg.model.budget, cfg.model.hidden_size, cfg.model.embed_size = None, 4, 4
+  whole = renganathan_ptb.get_config("word,lstm")
   whole.data.data_dir = cfg.data.data_dir
-  whole.model.budget, whole.model.embed_size = 2000, 4
+  whole.model.budget, whole.model.hidden_size = None, 4
+  whole.model.embed_size = 4
   cut, full = make_task(cfg), make_task(whole)
   eos = cut.vocab.eos_id
 
@@ -309,13 +356,16 @@ def test_lm_task_cuts_training_sentences_only(tmp_path, shared_data,
   full_lines, cut_lines = lines(full.split_ids["train"]), lines(
       cut.split_ids["train"])
   assert len(cut_lines) == len(full_lines) > 40_000
-  for f, c in zip(full_lines, cut_lines):
-    np.testing.assert_array_equal(c, np.append(f[:-1][:25], eos))
+  # every line, compared at once (2.5 s line by line): each expected line
+  # holds one eos, at its end, so equal streams split into equal lines
+  np.testing.assert_array_equal(
+      np.concatenate(cut_lines),
+      np.concatenate([np.append(f[:-1][:25], eos) for f in full_lines]))
   assert cut.num_cut == sum(len(f) - 1 > 25 for f in full_lines) > 0
   for split in ("valid", "test"):
     np.testing.assert_array_equal(cut.split_ids[split],
                                   full.split_ids[split])
-  bad = renganathan_ptb.get_config("char,lstm")
+  bad = renganathan_ptb.get_config("word,lstm")
   bad.data.data_dir, bad.data.train_sentence_cutoff = cfg.data.data_dir, 0
   with pytest.raises(ConfigError, match="data.train_sentence_cutoff"):
     make_task(bad)
@@ -340,7 +390,8 @@ def test_lm_token_limits_apply_to_their_splits_and_are_checked():
       lengths(*((bad, None) if name == "max_train_tokens" else (None, bad)))
 
 
-def test_lm_loss_adds_ar_and_tar_when_training(tmp_path, shared_data,
+@lm_group
+def test_lm_loss_adds_ar_and_tar_when_training(shared_data, ptb_dir,
                                                monkeypatch):
   """model.activation_reg / temporal_activation_reg (AWD-LSTM's alpha,
   beta) add alpha AR + beta TAR to the training loss, not to evaluation;
@@ -349,7 +400,7 @@ def test_lm_loss_adds_ar_and_tar_when_training(tmp_path, shared_data,
   from tests.experiments import tiny_lm
   from sorjax.training.tasks import make_task
   cfg = tiny_lm.get_config()
-  cfg.data.data_dir = str(tmp_path / "tfds")
+  cfg.data.data_dir = ptb_dir
   cfg.model.weight_drop, cfg.model.output_dropout = 0.5, 0.3
   cfg.model.activation_reg, cfg.model.temporal_activation_reg = 2.0, 1.0
   task = make_task(cfg)
@@ -370,11 +421,15 @@ def test_lm_loss_adds_ar_and_tar_when_training(tmp_path, shared_data,
 
 def test_trees_task_runs_a_keyword_experiment(tmp_path):
   from tests.experiments import tiny_trees
-  state = train.train_and_evaluate(tiny_trees.get_config(), str(tmp_path))
+  cfg = tiny_trees.get_config()
+  # test_analyze's tree run's data and batches: its programs (the session's
+  # compilation cache)
+  cfg.data.scale, cfg.data.batch_size = 0.01, 10
+  state = train.train_and_evaluate(cfg, str(tmp_path))
   dev = read_metrics(str(tmp_path), "dev")
   assert len(dev) == 2 and 0.0 <= dev[-1]["accuracy"] <= 1.0
   assert np.isfinite(dev[-1]["loss"])
-  assert int(state.step[0]) == 2 * (200 // 20)
+  assert int(state.step[0]) == 2 * (100 // 10)
   # Le & Zuidema's gradient ratios, recorded after every epoch.
   grads = read_metrics(str(tmp_path), "epoch_metrics")
   assert [r["epoch"] for r in grads] == [1, 2]
@@ -382,25 +437,30 @@ def test_trees_task_runs_a_keyword_experiment(tmp_path):
   assert all(v > 0 for k, v in grads[0].items() if k.startswith("grad_"))
 
 
+@dyck_group
 @pytest.mark.skipif(not host_memory.on_glibc(),
                     reason="glibc malloc settings (Linux with glibc only)")
-def test_host_malloc_modes_train_the_same_parameters(tmp_path):
+def test_host_malloc_modes_train_the_same_parameters(tmp_path, dyck_run):
   # --host_malloc changes where host buffers come from, nothing else: each
   # mode's run logs it (hugepages: after restarting itself with
   # GLIBC_TUNABLES, where the kernel offers transparent huge pages) and
-  # ends with bitwise the parameters of a default run.
+  # ends with bitwise the parameters of a default run: here one epoch of
+  # tiny_dyck, against the default run's (dyck_run's, glibc's malloc as
+  # is) checkpoint after its first epoch (train.* change nothing else).
   thp = host_memory.huge_pages_possible()
-  subprocess.run(main_cmd(tmp_path / "default"), cwd=ROOT, check=True,
-                 capture_output=True, timeout=600)
-  a = sorjax.restore(str(tmp_path / "default"), "latest")
+  workdir, _ = dyck_run
+  epoch1 = read_metrics(str(workdir), "dev")[0]["step"]
+  a = sorjax.restore(str(workdir), epoch1)
   for mode in ("reuse", "hugepages"):
-    res = subprocess.run(main_cmd(tmp_path / mode, f"--host_malloc={mode}"),
+    res = subprocess.run(main_cmd(tmp_path / mode, f"--host_malloc={mode}",
+                                  "--config.train.num_epochs=1",
+                                  "--config.train.checkpoint_every=1000"),
                          cwd=ROOT, check=True, capture_output=True,
                          text=True, timeout=600)
     logged = f"host_malloc: {host_memory.APPLIED[mode]}" in res.stderr
     assert logged == (mode == "reuse" or thp), res.stderr
     b = sorjax.restore(str(tmp_path / mode), "latest")
-    assert a.step == b.step
+    assert a.step == b.step == epoch1
     jax.tree_util.tree_map(np.testing.assert_array_equal, a.params, b.params)
 
 
@@ -416,6 +476,7 @@ def test_replica_groups_train_a_dyck_model_as_vmap_does(tmp_path, cell):
       cfg.model.intermediate_size = None
     cfg.num_replicas, cfg.replica_batch_size = 3, k
     cfg.train.num_epochs, cfg.train.max_steps = 1, 6
+    cfg.data.num_buckets = 1   # one batch shape: one step to compile
     state = train.train_and_evaluate(cfg, str(tmp_path / str(k)))
     params[k] = jax.tree_util.tree_leaves(state.params)
   for a, b in zip(params[1], params[3]):

@@ -1,6 +1,13 @@
 """LanguageModel and DyckModel: NumPy references, training, tying, frozen
-and fixed embeddings, locked dropout masks, carried state, heads, errors."""
+and fixed embeddings, locked dropout masks, carried state, heads, errors.
 
+Models are initialised and applied compiled (`init`, `apply`) where no
+check on concrete values is under test: eagerly, every op of a new shape,
+each random draw of `init` among them, compiled a program of its own, most
+of these tiny tests' time. Tokens are drawn in NumPy for the same reason.
+"""
+
+import functools
 import re
 
 import jax
@@ -19,7 +26,30 @@ V, E = 7, 4
 
 
 def tokens_of(B, T, seed=1, vocab=V):
-  return jax.random.randint(jax.random.key(seed), (B, T), 0, vocab)
+  return jnp.asarray(np.random.default_rng(seed).integers(0, vocab, (B, T)),
+                     jnp.int32)
+
+
+def init(model, *args, **kw):
+  """model.init(KEY, *args, **kw), compiled."""
+  return _compiled(model, "init", ())(KEY, *args, **kw)
+
+
+def apply(model, variables, *args, **kw):
+  """model.apply(variables, *args, **kw), compiled: keyword flags (bools,
+  strings: deterministic, mutable, capture_intermediates) are static, the
+  rest (rngs, lengths, aux arrays) traced."""
+  static = tuple(sorted((k, v) for k, v in kw.items()
+                        if isinstance(v, (bool, str))))
+  traced = {k: v for k, v in kw.items() if not isinstance(v, (bool, str))}
+  return _compiled(model, "apply", static)(variables, *args, **traced)
+
+
+@functools.lru_cache(maxsize=None)
+def _compiled(model, method, static):
+  """One jitted function per model (they hash by value), method and static
+  keywords, reused across calls: no retrace."""
+  return jax.jit(functools.partial(getattr(model, method), **dict(static)))
 
 
 def rnn_hidden(p, x):
@@ -43,8 +73,8 @@ def test_logits_shape_and_carries_of_a_mixed_stack():
                          make("mm_rnn", hidden_size=5, num_matrices=3)],
                         vocab_size=V, embed_size=E)
   toks = tokens_of(2, 6)
-  variables = model.init(KEY, toks)
-  logits, carries = model.apply(variables, toks)
+  variables = init(model, toks)
+  logits, carries = apply(model, variables, toks)
   assert logits.shape == (2, 6, V) and logits.dtype == jnp.float32
   assert carries[0]._fields == ("h", "c") and carries[0].h.shape == (2, 6)
   assert carries[1].h.shape == (2, 5) and carries[1].v.shape == (2, 3)
@@ -172,7 +202,7 @@ def test_train_step_changes_params_and_loss_falls():
                         embed_size=6, input_dropout=0.1, output_dropout=0.1,
                         locked_dropout=True)
   toks = jnp.tile(jnp.arange(4), (2, 6))  # 0 1 2 3 0 1 2 3 ...
-  variables = model.init(KEY, toks)
+  variables = init(model, toks)
   params, losses = train(model, variables, toks, 60, deterministic=False)
   changed = jax.tree_util.tree_map(
       lambda a, b: bool(np.any(np.asarray(a) != np.asarray(b))),
@@ -226,11 +256,11 @@ def test_fixed_cell_embedding_is_a_constant():
   model = DyckModel([cell], vocab_size=6, embedding="cell", head="closing",
                     num_outputs=2)
   toks = jnp.array([[0, 1, 3, 2, 4, 4], [4, 0, 0, 2, 2, 5]])
-  variables = model.init(KEY, toks)
+  variables = init(model, toks)
   assert set(variables) == {"params"}
   assert set(variables["params"]) == {"layer_0", "head"}
   table = cell.fixed_embedding(2)  # open 1, 2; close -1, -2; START, END 0
-  _, state = model.apply(variables, toks, mutable="intermediates")
+  _, state = apply(model, variables, toks, mutable="intermediates")
   close(state["intermediates"]["embedded"][0][..., 0],
         table[np.asarray(toks), 0])
   opt = optax.sgd(0.1)
@@ -240,12 +270,16 @@ def test_fixed_cell_embedding_is_a_constant():
     return optax.softmax_cross_entropy_with_integer_labels(
         logits, jnp.array([0, 1])).mean()
 
+  @jax.jit
+  def sgd_step(params, state):
+    updates, state = opt.update(jax.grad(loss)(params), state)
+    return optax.apply_updates(params, updates), state
+
   params = variables["params"]
   state = opt.init(params)
   for _ in range(2):
-    updates, state = opt.update(jax.grad(loss)(params), state)
-    params = optax.apply_updates(params, updates)
-  _, after = model.apply({"params": params}, toks, mutable="intermediates")
+    params, state = sgd_step(params, state)
+  _, after = apply(model, {"params": params}, toks, mutable="intermediates")
   close(after["intermediates"]["embedded"][0][..., 0],
         table[np.asarray(toks), 0])
 
@@ -308,10 +342,10 @@ def test_embedding_dropout_drops_word_types():
   model = LanguageModel([make("rnn", hidden_size=3)], vocab_size=20,
                         embed_size=5, embedding_dropout=0.5)
   toks = tokens_of(4, 10, vocab=20)
-  variables = model.init(KEY, toks)
-  _, state = model.apply(variables, toks, deterministic=False,
-                         rngs={"dropout": jax.random.key(2)},
-                         mutable="intermediates")
+  variables = init(model, toks)
+  _, state = apply(model, variables, toks, deterministic=False,
+                   rngs={"dropout": jax.random.key(2)},
+                   mutable="intermediates")
   x = np.asarray(state["intermediates"]["embedded"][0])
   table = np.asarray(variables["params"]["embedding"])
   ids = np.asarray(toks)
@@ -324,7 +358,7 @@ def test_embedding_dropout_drops_word_types():
       close(rows, np.broadcast_to(2.0 * table[w], rows.shape))
   assert 0 < len(dropped) < len(np.unique(ids))
   # Deterministic: no dropout at all.
-  _, state = model.apply(variables, toks, mutable="intermediates")
+  _, state = apply(model, variables, toks, mutable="intermediates")
   close(state["intermediates"]["embedded"][0], table[ids])
 
 
@@ -379,18 +413,18 @@ def test_carry_passthrough_equals_one_long_sequence():
                          make("mm_rnn", hidden_size=5, num_matrices=3)],
                         vocab_size=V, embed_size=E)
   toks = tokens_of(2, 8)
-  variables = model.init(KEY, toks)
-  apply = jax.jit(model.apply)
-  full, full_carries = apply(variables, toks)
-  first, carries = apply(variables, toks[:, :4])
-  second, last_carries = apply(variables, toks[:, 4:], carries)
+  variables = init(model, toks)
+  run = functools.partial(apply, model, variables)
+  head, tail = (jnp.asarray(t) for t in np.split(np.asarray(toks), 2, 1))
+  full, full_carries = run(toks)
+  first, carries = run(head)
+  second, last_carries = run(tail, carries)
   close(jnp.concatenate([first, second], 1), np.asarray(full), 1e-5)
   jax.tree_util.tree_map(lambda a, b: close(a, np.asarray(b)),
                          last_carries, full_carries)
   # Resetting with initial_carries is the same as passing none.
   fresh = model.initial_carries(variables["params"], 2)
-  close(apply(variables, toks[:, 4:], fresh)[0],
-        np.asarray(apply(variables, toks[:, 4:])[0]))
+  close(run(tail, fresh)[0], np.asarray(run(tail)[0]))
 
 
 def test_lengths_equal_truncated_sequences():
@@ -399,10 +433,12 @@ def test_lengths_equal_truncated_sequences():
                         vocab_size=V, embed_size=E)
   toks = tokens_of(3, 6)
   lengths = np.array([6, 2, 4])
-  variables = model.init(KEY, toks)
-  logits, carries = model.apply(variables, toks, lengths=jnp.asarray(lengths))
+  variables = init(model, toks)
+  logits, carries = apply(model, variables, toks,
+                          lengths=jnp.asarray(lengths))
   for b, L in enumerate(lengths):
-    ref, ref_carries = model.apply(variables, toks[b:b + 1, :L])
+    ref, ref_carries = apply(model, variables,
+                             jnp.asarray(np.asarray(toks)[b:b + 1, :L]))
     close(logits[b, :L], np.asarray(ref[0]))
     for c, rc in zip(carries, ref_carries):
       jax.tree_util.tree_map(lambda a, r: close(a[b], np.asarray(r[0])), c,
@@ -490,7 +526,8 @@ def test_bad_inputs_are_named():
   model = LanguageModel([make("rnn", hidden_size=5)], vocab_size=V,
                         embed_size=E)
   toks = tokens_of(2, 3)
-  variables = model.init(KEY, toks)
+  variables = init(model, toks)
+  # eager: the token and lengths checks read concrete values
   with pytest.raises(ValueError, match=r"tokens must be int \[B, T\]"):
     model.apply(variables, toks.astype(jnp.float32))
   with pytest.raises(ValueError, match=r"lengths must have shape \[B\]"):
@@ -529,14 +566,14 @@ def test_trunk_passes_fused_grad_and_remat_policy_to_unroll(options):
            make("mrnn", hidden_size=4, intermediate_size=3)]
   toks = tokens_of(3, 6)
   base = LanguageModel(cells, vocab_size=V, embed_size=E, fused_grad=False)
-  variables = base.init(KEY, toks)
+  variables = init(base, toks)
 
   def grads(model):
     def loss(p):
       logits, _ = model.apply({"params": p}, toks)
       return optax.softmax_cross_entropy_with_integer_labels(
           logits[:, :-1], toks[:, 1:]).mean()
-    return jax.grad(loss)(variables["params"])
+    return jax.jit(jax.grad(loss))(variables["params"])
 
   want = grads(base)
   got = grads(LanguageModel(cells, vocab_size=V, embed_size=E, **options))
