@@ -22,7 +22,7 @@ from tests.experiments import tiny_dyck
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "tests", "experiments", "tiny_dyck.py")
-ONE_STEP = os.path.join(ROOT, "tests", "experiments", "tiny_dyck_b.py")
+ONE_STEP = os.path.join(ROOT, "tests", "experiments", "tiny_dyck_one_step.py")
 
 
 def main_cmd(workdir, *overrides, config=CONFIG):
