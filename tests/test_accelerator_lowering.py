@@ -26,6 +26,7 @@ from sorjax import cells
 from sorjax.fused_lstm import GATE_MAJOR_FROM
 from tests.cells.configs import SMALL
 from tests.experiments import tiny_dyck
+from tests.xla_env import with_cpu_devices
 from tests.lowering import (ACCELERATORS, assert_lowers_for_accelerators,
                             custom_calls, train_step_args)
 
@@ -141,8 +142,7 @@ def sharded_step_export(workdir: str, replicas: int = 2,
 ])
 def test_the_sharded_step_lowers_for_four_accelerators(tmp_path, replicas,
                                                        group, state, batch):
-  env = dict(os.environ,
-             XLA_FLAGS="--xla_force_host_platform_device_count=4")
+  env = with_cpu_devices(4)
   root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
   code = ("import json, sys; sys.path.insert(0, %r); from "
           "tests.test_accelerator_lowering import sharded_step_export; "

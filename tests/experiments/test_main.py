@@ -18,7 +18,8 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "tests", "experiments", "tiny_dyck.py")
 # tiny_dyck with train.max_steps settable: the runs below train one step
-TINY = os.path.join(ROOT, "tests", "experiments", "tiny_dyck_overridable.py")
+TINY = os.path.join(ROOT, "tests", "experiments",
+                    "tiny_dyck_overridable.py")
 LIN = os.path.join(ROOT, "experiments", "configs", "lin_dyck.py")
 # The training runs' model, given on the command line: tiny_dyck's mrnn
 # made an lstm by unsetting an int field (None), rematerialised with

@@ -18,6 +18,7 @@ from sorjax.training.loop import NonFiniteLossError, Trainer, map_replicas, \
     replica_batch_for, replica_width
 from sorjax.training.metrics import read_metrics
 from tests.training.toy_task import ToyTask, toy_config
+from tests.xla_env import with_cpu_devices
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(__file__)))
 
@@ -243,7 +244,7 @@ def _trained_on(tmp_path, n, run_args=""):
       "print(json.dumps([jax.device_count(), list(w.sharding.spec),"
       " len(w.sharding.device_set), w.tolist()]))"
       % (ROOT, str(tmp_path / str(n)), run_args))
-  env = dict(os.environ, XLA_FLAGS=f"--xla_force_host_platform_device_count={n}")
+  env = with_cpu_devices(n)
   res = subprocess.run([sys.executable, "-c", code], env=env,
                        capture_output=True, text=True, timeout=300)
   assert res.returncode == 0, res.stderr[-2000:]
@@ -291,7 +292,7 @@ def test_replica_groups_over_two_devices_match_one(tmp_path):
       "print(tr.replica_parallel, tr.replica_batch, re.findall("
       "r'all-gather|all-reduce|collective-permute|all-to-all|"
       "reduce-scatter', hlo))" % ROOT)
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=2")
+  env = with_cpu_devices(2)
   res = subprocess.run([sys.executable, "-c", code], env=env,
                        capture_output=True, text=True, timeout=300)
   assert res.returncode == 0, res.stderr[-2000:]
