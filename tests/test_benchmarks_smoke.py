@@ -583,7 +583,10 @@ class SmokeRun:
     return part
 
 
-@pytest.fixture(scope="module")
+# Session-scoped, as the shared runs of tests/experiments: a worker may run
+# another module's tests between two of the group's, which tore a module
+# fixture down and made it run again (31 s).
+@pytest.fixture(scope="session")
 def jax_run(tmp_path_factory):
   tmp = tmp_path_factory.mktemp("jax_run")
   out, raw = tmp / "r.md", tmp / "r.json"

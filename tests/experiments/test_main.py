@@ -43,7 +43,7 @@ def run_main(*args, timeout=300):
                         timeout=timeout)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def lstm_dots_run(tmp_path_factory):
   """One step of `LSTM_DOTS` through the binary: (result, the run's
   config.json)."""

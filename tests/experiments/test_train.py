@@ -34,7 +34,7 @@ def main_cmd(workdir, *overrides, config=CONFIG):
 dyck_group = pytest.mark.xdist_group("experiments.test_train.dyck")
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def dyck_run(tmp_path_factory):
   """(workdir, final step) of one uninterrupted tiny_dyck run, trained
   here (the binary's runs of the same config then compile nothing new: the
@@ -45,8 +45,8 @@ def dyck_run(tmp_path_factory):
   workdir = tmp_path_factory.mktemp("dyck_run")
   cfg = tiny_dyck.get_config()
   cfg.train.keep_checkpoints = 100   # train.*: the same training
-  # as _dtype_promotion_for_optax sets for the tests (this module fixture
-  # is set up before that function-scoped one)
+  # standard dtype promotion, as _dtype_promotion_for_optax sets for the
+  # tests (this fixture is set up before that function-scoped one)
   with jax.numpy_dtype_promotion("standard"):
     state = train.train_and_evaluate(cfg, str(workdir))
   return workdir, int(state.step[0])
@@ -297,7 +297,7 @@ def test_restore_in_a_fresh_process(tmp_path, dyck_run):
     sorjax.restore(str(tmp_path / "nothing"))
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def ptb_dir(tmp_path_factory, shared_data):
   """The LM tests' TFDS data_dir: PTB (words) prepared there by the first
   of them and read by the others (preparing it takes 15-20 s)."""
