@@ -48,7 +48,7 @@ def _files_ok(written):
       assert os.path.getsize(p) > 0, p
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dyck_run(tmp_path_factory):
   cfg = tiny_dyck.get_config()
   cfg.model.cell = "attention_lstm"
@@ -60,7 +60,7 @@ def dyck_run(tmp_path_factory):
   return _train(_quick(cfg), tmp_path_factory.mktemp("dyck"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def dyck_cli(dyck_run):
   """One run of the analysis binary over the Dyck run's replica 0, with
   --compare of its replica 1 (read by perplexity): its output serves the
@@ -73,7 +73,7 @@ def dyck_cli(dyck_run):
       cwd=ROOT, capture_output=True, text=True, timeout=600)
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def pcfg_run(tmp_path_factory):
   cfg = common.config(
       "dyck_pcfg", common.pcfg_data(preset="suzgun", scale=0.005,
@@ -86,14 +86,14 @@ def pcfg_run(tmp_path_factory):
   return _train(_quick(cfg), tmp_path_factory.mktemp("pcfg"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tfds_dir(tmp_path_factory, shared_data):
   with pytest.MonkeyPatch.context() as patch:
     patch.setenv("SORJAX_DATA_DIR", shared_data)
     yield str(tmp_path_factory.mktemp("tfds"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def lm_run(tmp_path_factory, tfds_dir):
   """A character LM of one mts_lstm layer and two replicas: one run
   serves every LM analysis (the PCFG run has the two-layer model). Its
@@ -115,7 +115,7 @@ def lm_run(tmp_path_factory, tfds_dir):
   return _train(_quick(cfg), tmp_path_factory.mktemp("lm"))
 
 
-@pytest.fixture(scope="session")
+@pytest.fixture(scope="module")
 def tree_run(tmp_path_factory):
   cfg = tiny_trees.get_config()
   cfg.data.scale = 0.01
