@@ -87,7 +87,7 @@ def assert_every_gradient_matches_autodiff(cell, params, xs, carry, G, **kw):
 
   # Each loss and its gradients in one compiled program: eagerly, the
   # forward compiled again on its own and autodiff's backward ran op by op
-  # (twice the time of these tests).
+  # (one mm_lstm case: 37.6 -> 29.6 s, measured on a loaded machine).
   (v_new, g_new), (v_ref, g_ref) = (
       jax.jit(jax.value_and_grad(loss(f), (0, 1, 2)))(params, xs, carry)
       for f in (True, False))
