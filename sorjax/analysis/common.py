@@ -143,7 +143,7 @@ class CheckpointReader:
 
   def initial_params(self):
     """The params before the first step (the run's seed and init)."""
-    return self._replica(jax.jit(self._trainer.init_state)().params)
+    return self._replica(self._trainer.init_state().params)
 
 
 # ---------------------------------------------------------------- outputs

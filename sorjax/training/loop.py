@@ -245,6 +245,13 @@ class Trainer:
 
   # ------------------------------------------------------------ state
   def init_state(self) -> TrainState:
+    """Every replica's initial params, optimiser state and carry, built
+    by one compiled program: eagerly, each draw of every parameter and
+    each op of the dummy forward pass flax's init runs is a dispatch (and
+    on first use a compile) of its own."""
+    return jax.jit(self._initial_state)()
+
+  def _initial_state(self) -> TrainState:
     seeds = jnp.arange(self.R, dtype=jnp.uint32) + jnp.uint32(self.config.seed)
     keys = jax.vmap(jax.random.key)(seeds)
     k_init, k_run = jax.vmap(lambda k: tuple(jax.random.split(k)))(keys)
@@ -328,10 +335,7 @@ class Trainer:
     if task.vocab is not None and hasattr(task.vocab, "save"):
       task.vocab.save(os.path.join(self.workdir, "vocab.json"))
 
-    # One compiled program: eagerly, each draw of every parameter and each
-    # op of the dummy forward pass flax's init runs is a dispatch (and on
-    # first use a compile) of its own.
-    state = jax.jit(self.init_state)()
+    state = self.init_state()
     meta = {"epoch": 0, "position": None, "stopped_early": False,
             "early": [None] * self.R, "plateau": None,
             "asgd_losses": [[] for _ in range(self.R)],
