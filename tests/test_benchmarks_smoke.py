@@ -493,10 +493,14 @@ def test_a_spec_for_the_other_kind_of_jax_worker_is_refused():
 
 # ------------------------------------------------------------------ end to end
 
+def _by_label(raw):
+  """Per group of a --json list, its contenders by label."""
+  return [{c["label"]: c for c in g["contenders"]} for g in raw]
+
+
 def _groups(path):
-  """Per group, its contenders by label."""
-  return [{c["label"]: c for c in g["contenders"]}
-          for g in json.loads(path.read_text())]
+  """Per group of the --json file, its contenders by label."""
+  return _by_label(json.loads(path.read_text()))
 
 
 def test_report_names_the_cpu_family_and_model():
@@ -566,13 +570,13 @@ class SmokeRun:
 
   def groups(self):
     """Per group, its contenders by label."""
-    return [{c["label"]: c for c in g["contenders"]} for g in self.raw]
+    return _by_label(self.raw)
 
-  def group(self, *labels, lacks=None):
+  def group(self, *labels):
     """(index, contenders by label) of the one group that timed every one
-    of `labels` (and not `lacks`)."""
+    of `labels`."""
     found = [(i, g) for i, g in enumerate(self.groups())
-             if all(k in g for k in labels) and lacks not in g]
+             if all(k in g for k in labels)]
     assert len(found) == 1, (labels, [sorted(g) for g in self.groups()])
     return found[0]
 

@@ -22,7 +22,13 @@ from tests.experiments import tiny_dyck
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 CONFIG = os.path.join(ROOT, "tests", "experiments", "tiny_dyck.py")
-ONE_STEP = os.path.join(ROOT, "tests", "experiments", "tiny_dyck_one_step.py")
+# tiny_dyck with train.max_steps settable, and the overrides that make it a
+# run of one step on one bucket (it ends before the epoch's evaluation):
+# for tests of the binary that need a run to start and compile, not learn
+OVERRIDABLE = os.path.join(ROOT, "tests", "experiments",
+                           "tiny_dyck_overridable.py")
+ONE_STEP = ["--config.data.num_buckets=1", "--config.train.num_epochs=1",
+            "--config.train.max_steps=1"]
 
 
 def main_cmd(workdir, *overrides, config=CONFIG):
@@ -239,7 +245,7 @@ def test_jax_flags_reach_jax(tmp_path):
   subprocess.run(main_cmd(tmp_path / "run",
                           f"--jax_compilation_cache_dir={cache}",
                           "--jax_persistent_cache_min_compile_time_secs=0",
-                          config=ONE_STEP),
+                          *ONE_STEP, config=OVERRIDABLE),
                  cwd=ROOT, check=True, capture_output=True, timeout=600)
   assert len(os.listdir(cache)) > 10
   res = subprocess.run([sys.executable, "-m", "experiments.analyze",

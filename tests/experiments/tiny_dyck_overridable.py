@@ -1,6 +1,6 @@
 """tiny_dyck.py with its optional fields typed (experiments/configs/
 _options.py), so that a command line can set train.max_steps: the
-launcher's runs in test_main.py stop after a step."""
+launcher's runs in test_main.py and test_train.py stop after a step."""
 
 from experiments.configs import _options
 from tests.experiments import tiny_dyck
