@@ -49,7 +49,9 @@ and `rnn` run `sorjax.fused_gru`'s and `sorjax.fused_rnn`'s
 (`_batch_major_layer`).
 
 Forward-mode autodiff (jvp, jacfwd) cannot go through a custom VJP: use
-fused_grad=False there.
+fused_grad=False there. Outside jit `unroll` turns JAX's error into one that
+names the cell and the flag; under jit JAX raises its own when the program
+lowers, with the fused layer in the stack trace it prints.
 """
 
 from __future__ import annotations
@@ -519,22 +521,44 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
       xs = _gather_time(xs, idx)
       per_step = {k: _gather_time(v, idx) for k, v in per_step.items()}
 
-  if layer is not None and T > 0:  # batch-major, its own VJP
-    carry, ys = layer(_precompute_rows(cell, params, xs, per_step, scalar),
-                      carry, lengths, unroll)
-  else:
-    # T = 0 on a layer's route runs the (empty) scan: the generic fused
-    # path only where the cell has a split step (not dyck_rnn).
-    carry, ys = _scan_time_major(cell, params, xs, per_step, scalar, carry,
-                                 lengths, hoist, remat, unroll,
-                                 fused and supports_fused_grad(cell),
-                                 fused_grad)
+  try:
+    if layer is not None and T > 0:  # batch-major, its own VJP
+      carry, ys = layer(_precompute_rows(cell, params, xs, per_step, scalar),
+                        carry, lengths, unroll)
+    else:
+      # T = 0 on a layer's route runs the (empty) scan: the generic fused
+      # path only where the cell has a split step (not dyck_rnn).
+      carry, ys = _scan_time_major(cell, params, xs, per_step, scalar, carry,
+                                   lengths, hoist, remat, unroll,
+                                   fused and supports_fused_grad(cell),
+                                   fused_grad)
+  except TypeError as e:
+    if not str(e).startswith(_JVP_OF_CUSTOM_VJP):
+      raise
+    raise TypeError(_forward_mode_message(cell, fused_grad)) from e
   if reverse:
     ys = jnp.flip(ys, 1) if lengths is None else _gather_time(ys, idx)
   return carry, ys
 
 
 _unroll = unroll  # unroll_layers' `unroll` argument shadows the name
+
+# JAX's error for jvp of a jax.custom_vjp function, raised while tracing
+# outside jit; under jit it is raised when the program lowers, after unroll
+# has returned, and names the fused layer in its stack trace.
+_JVP_OF_CUSTOM_VJP = "can't apply forward-mode autodiff (jvp)"
+
+
+def _forward_mode_message(cell, fused_grad: bool | None) -> str:
+  why = ("fused_grad=True" if fused_grad else
+         f"fused_grad=None, which picks it for {cells.name_of(cell)} at "
+         f"hidden_size {cell.hidden_size}")
+  return (f"unroll: {cells.name_of(cell)} ran its fused path ({why}), whose "
+          f"backward is a custom VJP: forward-mode autodiff (jax.jvp, "
+          f"jax.jacfwd, jax.linearize's jvp) cannot go through it. Pass "
+          f"fused_grad=False (a model's fused_grad field, "
+          f"--config.model.fused_grad=false) to differentiate JAX's scan "
+          f"instead; reverse mode (jax.grad, jax.vjp) works either way.")
 
 
 # ------------------------------------------------------------------ stacking

@@ -6,6 +6,8 @@ differences). Sizes are all different (B=2, T=7, D=3, H=5, M=4 or 6, S=3)
 so shapes in jaxprs identify their arrays.
 """
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -490,3 +492,39 @@ def test_lstm_refuses_an_aux_it_does_not_take():
   with pytest.raises(TypeError, match="temperature"):
     sorjax.unroll(cell, params, jnp.ones((B, T, D)),
                   temperature=jnp.ones((B, T)))
+
+
+@pytest.mark.parametrize("name", ["lstm", "mrnn", "mm_rnn"])
+def test_forward_mode_through_the_fused_path_names_fused_grad(name):
+  """jvp / jacfwd cannot go through a custom VJP: outside jit the error
+  names the cell and fused_grad=False, and with fused_grad=False the jvp
+  is the directional derivative that the fused path's reverse mode gives."""
+  cell = make(name)
+  params = cell.init(jax.random.key(0), D)
+  xs = jax.random.normal(jax.random.key(1), (B, T, D))
+  tx = jax.random.normal(jax.random.key(2), (B, T, D))
+
+  def loss(x, fused_grad):
+    return jnp.sum(sorjax.unroll(cell, params, x,
+                                 fused_grad=fused_grad)[1] ** 2)
+
+  for fused_grad, why in ((True, r"fused_grad=True"),
+                          (None, r"fused_grad=None, which picks it")):
+    if fused_grad is None and name != "lstm":
+      continue  # None takes autodiff below hidden size 128
+    f = functools.partial(loss, fused_grad=fused_grad)
+    for transform in (lambda: jax.jvp(f, (xs,), (tx,)),
+                      lambda: jax.jacfwd(f)(xs)):
+      with pytest.raises(TypeError,
+                         match=rf"unroll: {name} ran its fused path \({why}"
+                         r".*Pass fused_grad=False"):
+        transform()
+  # under jit the error comes when the program lowers, still an error
+  with pytest.raises(TypeError, match="forward-mode autodiff"):
+    jax.jit(lambda x, t: jax.jvp(
+        functools.partial(loss, fused_grad=True), (x,), (t,)))(xs, tx)
+
+  _, tangent = jax.jvp(functools.partial(loss, fused_grad=False), (xs,),
+                       (tx,))
+  grad = jax.grad(functools.partial(loss, fused_grad=True))(xs)
+  np.testing.assert_allclose(tangent, jnp.sum(grad * tx), rtol=1e-4)
