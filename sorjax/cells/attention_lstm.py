@@ -147,8 +147,9 @@ class AttentionLSTM(_SplitStep):
   1.0 when not given. The paper starts at 1, multiplies by 0.9 each epoch and
   tests at a very low tau, where alpha is one-hot. A non-numeric one (a
   string, a bool) is an error; a concrete value must be finite and > 0,
-  but a traced one (under jit) cannot be checked: there tau <= 0 runs as
-  the smallest normal number (one-hot alpha, as tau -> 0) and NaN gives NaN.
+  but a traced one (under jit) cannot be checked: there tau = 0 runs as
+  the smallest normal number (one-hot alpha, as tau -> 0), and a negative
+  tau or NaN gives NaN.
   """
   hidden_size: int
   num_cells: int
@@ -191,8 +192,12 @@ class AttentionLSTM(_SplitStep):
           f"attention_lstm: temperature must be a scalar or one per token "
           f"(shape {tuple(e.shape[:-1])}); got shape {tuple(tau.shape)}")
     # At least the smallest normal number: XLA flushes a subnormal tau to
-    # 0, and tau -> 0 is the limit Lin et al. evaluate at (argmax).
-    tau = jnp.maximum(tau.astype(e.dtype), jnp.finfo(e.dtype).tiny)
+    # 0, and tau -> 0 is the limit Lin et al. evaluate at (argmax). A traced
+    # tau < 0 (unchecked above) gives NaN, which the training loop stops
+    # on, not a silent argmax.
+    tau = tau.astype(e.dtype)
+    tau = jnp.where(tau < 0, jnp.nan,
+                    jnp.maximum(tau, jnp.finfo(e.dtype).tiny))
     tau = base.lift(tau, e.ndim) if tau.ndim == 0 else tau[..., None]
     # Shifted before dividing: at a tiny tau, e / tau overflows to inf and
     # softmax's own shift gives inf - inf = NaN. The same softmax.

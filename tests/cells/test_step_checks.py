@@ -269,8 +269,9 @@ def test_attention_lstm_names_a_temperature_that_is_not_a_number():
 
 
 def test_attention_lstm_cannot_check_a_traced_temperature():
-  """Documented: under jit a negative temperature is not refused; it runs
-  as the smallest normal number, a one-hot alpha."""
+  """Documented: under jit a temperature is not refused. 0 runs as the
+  smallest normal number, a one-hot alpha (the tau -> 0 limit); a negative
+  one gives NaN (the training loop stops on it), not that argmax."""
   cell, abstract, D, _ = make("attention_lstm")
   rng = np.random.default_rng(0)
   params = jax.tree_util.tree_map(
@@ -278,5 +279,9 @@ def test_attention_lstm_cannot_check_a_traced_temperature():
   x = rng.normal(size=(B, D)).astype(np.float32)
   with pytest.raises(ValueError, match="temperature must be finite and > 0"):
     cell.attention(params, x, -1.0)
-  alpha = jax.jit(cell.attention)(params, x, -1.0)
+  alpha = jax.jit(cell.attention)(params, x, 0.0)
   np.testing.assert_array_equal(np.sort(alpha, -1)[:, -1], 1.0)
+  assert np.isnan(jax.jit(cell.attention)(params, x, -1.0)).all()
+  per_token = np.array([0.5, -0.5] + [1.0] * (B - 2), np.float32)
+  alpha = np.asarray(jax.jit(cell.attention)(params, x, per_token))
+  assert np.isnan(alpha[1]).all() and np.isfinite(np.delete(alpha, 1, 0)).all()
