@@ -2,17 +2,29 @@
 
    usage: fma_peak THREADS ITERS
    Each thread runs ITERS rounds of ACC independent vector FMAs (acc =
-   acc * a + b) on 64-byte vectors (GCC vector extension: the compiler maps
-   them to AVX-512, to two AVX2 registers, or to NEON), enough independent
-   chains to cover the FMA latency. Prints "GFLOP/s seconds" (an FMA is 2
-   FLOP). No memory traffic: this is the arithmetic ceiling that a matmul
-   kernel approaches and never passes. */
+   acc * a + b) on vectors of the target's widest register (GCC vector
+   extension: 64 bytes with AVX-512, 32 with AVX, else 16, e.g. NEON),
+   enough independent chains to cover the FMA latency, and few enough that
+   the ACC accumulators, a and b stay in registers (16 with AVX2, 32 with
+   AVX-512 or NEON). 64-byte vectors on an AVX2-only CPU were two registers
+   each: 26 registers for 16, so the accumulators lived on the stack and
+   the probe read 12 GFLOP/s on two Zen 3 cores whose matmul ran at 125.
+   Prints "GFLOP/s seconds" (an FMA is 2 FLOP). No memory traffic: this is
+   the arithmetic ceiling that a matmul kernel approaches and never
+   passes. */
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-typedef float v16 __attribute__((vector_size(64)));
+#if defined(__AVX512F__)
+#define LANES 16
+#elif defined(__AVX__)
+#define LANES 8
+#else
+#define LANES 4
+#endif
+typedef float vec __attribute__((vector_size(4 * LANES)));
 #define ACC 12
 
 static long iters;
@@ -20,17 +32,17 @@ float fma_peak_sink[256];  /* external: the stores stay */
 
 static void *run(void *arg) {
   long id = (long)arg;
-  v16 acc[ACC], a, b;
-  for (int k = 0; k < 16; k++) { a[k] = 0.999f; b[k] = 0.001f; }
+  vec acc[ACC], a, b;
+  for (int k = 0; k < LANES; k++) { a[k] = 0.999f; b[k] = 0.001f; }
   for (int i = 0; i < ACC; i++)
-    for (int k = 0; k < 16; k++) acc[i][k] = (float)(i + k);
+    for (int k = 0; k < LANES; k++) acc[i][k] = (float)(i + k);
   for (long n = 0; n < iters; n++) {
 #pragma GCC unroll 12
     for (int i = 0; i < ACC; i++) acc[i] = acc[i] * a + b;
   }
   float s = 0.0f;  /* keep the result live */
   for (int i = 0; i < ACC; i++)
-    for (int k = 0; k < 16; k++) s += acc[i][k];
+    for (int k = 0; k < LANES; k++) s += acc[i][k];
   fma_peak_sink[id % 256] = s;
   return NULL;
 }
@@ -53,7 +65,7 @@ int main(int argc, char **argv) {
   for (int i = 0; i < threads; i++) pthread_join(th[i], NULL);
   clock_gettime(CLOCK_MONOTONIC, &t1);
   double dt = (t1.tv_sec - t0.tv_sec) + 1e-9 * (t1.tv_nsec - t0.tv_nsec);
-  double flop = 2.0 * 16 * ACC * (double)iters * threads;
+  double flop = 2.0 * LANES * ACC * (double)iters * threads;
   printf("%.3f %.6f\n", flop / dt / 1e9, dt);
   free(th);
   return 0;

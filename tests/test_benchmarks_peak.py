@@ -1,6 +1,9 @@
 """benchmarks.peak (the cores' FMA peak) and the roofline terms of targets."""
 
+import platform
+import re
 import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -17,12 +20,37 @@ def test_fma_peak_is_its_flops_over_its_time(tmp_path):
   # No machine retires 2000 GFLOP/s on one core. (No floor: on a loaded
   # machine a 0.02 s run measured 4 GFLOP/s of an idle core's ~117.)
   assert 0.0 < p[1] < 2000.0
-  # The rate is its FLOPs over its time: 2 FLOP an FMA, 12 chains of
-  # 16 floats a round, per thread.
+  # The rate is its FLOPs over its time: 2 FLOP an FMA, 12 chains of one
+  # register's floats a round, per thread.
+  lanes = _register_floats()
   for threads, iters in ((1, 2_000_000), (2, 1_000_000)):  # >= ~5 ms
     gflops, secs = peak._run(exe, threads, iters)
     assert gflops * 1e9 * secs == pytest.approx(
-        2 * 12 * 16 * iters * threads, rel=2e-3)
+        2 * 12 * lanes * iters * threads, rel=2e-3)
+
+
+def _register_floats() -> int:
+  """Floats in the widest vector register that `cc -march=native` targets,
+  from the compiler's own predefined macros."""
+  macros = subprocess.run(
+      ["cc", "-march=native", "-dM", "-E", "-x", "c", "/dev/null"],
+      capture_output=True, text=True, check=True).stdout.split()
+  return 16 if "__AVX512F__" in macros else 8 if "__AVX__" in macros else 4
+
+
+@pytest.mark.skipif(not HAS_CC or platform.machine() not in ("x86_64",
+                                                              "AMD64"),
+                    reason="needs cc targeting x86-64 (reads its assembly)")
+def test_fma_peak_keeps_its_accumulators_in_registers(tmp_path):
+  """An FMA that reads an operand from the stack measures the stack, not
+  the FMA units: 64-byte vectors on an AVX2-only Zen 3 spilled all 12
+  accumulators and read 12 GFLOP/s on two cores whose matmul ran at 125."""
+  asm = tmp_path / "fma_peak.s"
+  subprocess.run(["cc", "-O2", "-march=native", "-ffp-contract=fast", "-S",
+                  str(peak.SOURCE), "-o", str(asm)], check=True)
+  fmas = re.findall(r"^\s*vfmadd\w*ps\s+(.*)$", asm.read_text(), re.M)
+  assert len(fmas) >= 12, "the 12 chains' FMAs were not emitted as FMAs"
+  assert not [f for f in fmas if "(%rsp)" in f or "(%rbp)" in f], fmas
 
 
 def test_fma_peak_without_compiler_says_why(monkeypatch):
