@@ -291,10 +291,25 @@ def sum_dtype(dtype):
   return dtype if jnp.finfo(dtype).bits >= 32 else jnp.float32
 
 
+# row_products reads a^T from memory (`transposed_rows`) when d is at least
+# this many times as wide as a.
+WIDE_ROWS = 2
+
+
 def row_products(a, d, dtype):
   """sum_r a_r^T d_r over all leading rows of a [..., m] and d [..., n]
   (the T*B tokens): a weight gradient as one [m, n] matmul, accumulated in
-  `sum_dtype(dtype)` and returned in dtype."""
+  `sum_dtype(dtype)` and returned in dtype.
+
+  With n >= WIDE_ROWS * m the product reads a^T from memory
+  (`transposed_rows`, on CPU): the rows-contracted dot that the einsum
+  below compiles to ran 1.6-2.1x slower than from a^T on a Zen 3 EPYC
+  ([6400, 512]^T x [6400, 2048]: 152-165 against 98-100 ms; x [6400,
+  4096]: 380-409 against 191-199 ms) and 1.06-1.5x on session 26's Zen 4,
+  where a pass over a costs ~5 ms. For n = m it was 1.05-1.08x, which the
+  pass would eat (BUILD_NOTES, "Wide weight sums from transposed rows")."""
+  if d.shape[-1] >= WIDE_ROWS * a.shape[-1]:
+    return transposed_row_products(transposed_rows(a), d, dtype)
   return jnp.einsum("rm,rn->mn", a.reshape(-1, a.shape[-1]),
                     d.reshape(-1, d.shape[-1]),
                     preferred_element_type=sum_dtype(dtype)).astype(dtype)
@@ -309,8 +324,9 @@ def transposed_rows(a):
   [6400, 4]: 4.6 against 0.3 ms), so on CPU the transpose is made in
   memory and kept from being folded back into each product. The pass over
   a costs about what one product gains, so this pays only where products
-  share a (BUILD_NOTES, "Weight sums from transposed rows"). Other
-  platforms get the plain transpose, which their dots fold.
+  share a (BUILD_NOTES, "Weight sums from transposed rows") or where the
+  other operand is wide (`row_products`). Other platforms get the plain
+  transpose, which their dots fold.
 
   On CPU a's last axis goes first and the leading axes are flattened after
   it: that reshape needs the transposed array in memory, so XLA makes it

