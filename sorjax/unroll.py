@@ -532,7 +532,7 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
                                    lengths, hoist, remat, unroll,
                                    fused and supports_fused_grad(cell),
                                    fused_grad)
-  except TypeError as e:
+  except TypeError as e:  # fused_grad=False runs no custom VJP
     if not str(e).startswith(_JVP_OF_CUSTOM_VJP):
       raise
     raise TypeError(_forward_mode_message(cell, fused_grad)) from e
