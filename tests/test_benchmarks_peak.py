@@ -1,5 +1,6 @@
 """benchmarks.peak (the cores' FMA peak) and the roofline terms of targets."""
 
+import os
 import platform
 import re
 import shutil
@@ -10,10 +11,11 @@ import pytest
 
 from benchmarks import peak, run, sections
 
-HAS_CC = shutil.which("cc") is not None
+CC = os.environ.get("CC", "cc")  # the compiler benchmarks.peak uses
+HAS_CC = shutil.which(CC) is not None
 
 
-@pytest.mark.skipif(not HAS_CC, reason="no C compiler ('cc') on PATH")
+@pytest.mark.skipif(not HAS_CC, reason=f"no C compiler ({CC!r}) on PATH")
 def test_fma_peak_is_its_flops_over_its_time(tmp_path):
   exe = peak.build(Path(tmp_path))
   p = peak.fma_peak([1], seconds=0.02, repeats=1, exe=exe)
@@ -30,23 +32,24 @@ def test_fma_peak_is_its_flops_over_its_time(tmp_path):
 
 
 def _register_floats() -> int:
-  """Floats in the widest vector register that `cc -march=native` targets,
+  """Floats in the widest vector register that $CC -march=native targets,
   from the compiler's own predefined macros."""
   macros = subprocess.run(
-      ["cc", "-march=native", "-dM", "-E", "-x", "c", "/dev/null"],
+      [CC, "-march=native", "-dM", "-E", "-x", "c", "/dev/null"],
       capture_output=True, text=True, check=True).stdout.split()
   return 16 if "__AVX512F__" in macros else 8 if "__AVX__" in macros else 4
 
 
 @pytest.mark.skipif(not HAS_CC or platform.machine() not in ("x86_64",
                                                               "AMD64"),
-                    reason="needs cc targeting x86-64 (reads its assembly)")
+                    reason="needs a C compiler targeting x86-64 (reads its "
+                    "assembly)")
 def test_fma_peak_keeps_its_accumulators_in_registers(tmp_path):
   """An FMA that reads an operand from the stack measures the stack, not
   the FMA units: 64-byte vectors on an AVX2-only Zen 3 spilled all 12
   accumulators and read 12 GFLOP/s on two cores whose matmul ran at 125."""
   asm = tmp_path / "fma_peak.s"
-  subprocess.run(["cc", "-O2", "-march=native", "-ffp-contract=fast", "-S",
+  subprocess.run([CC, "-O2", "-march=native", "-ffp-contract=fast", "-S",
                   str(peak.SOURCE), "-o", str(asm)], check=True)
   fmas = re.findall(r"^\s*vfmadd\w*ps\s+(.*)$", asm.read_text(), re.M)
   assert len(fmas) >= 12, "the 12 chains' FMAs were not emitted as FMAs"
@@ -68,7 +71,7 @@ def test_fma_peak_rejects_bad_arguments():
     peak.fma_peak([1], seconds=0)
 
 
-@pytest.mark.skipif(not HAS_CC, reason="no C compiler ('cc') on PATH")
+@pytest.mark.skipif(not HAS_CC, reason=f"no C compiler ({CC!r}) on PATH")
 def test_probe_rejects_bad_command_line(tmp_path):
   exe = peak.build(Path(tmp_path))
   with pytest.raises(peak.PeakUnavailable, match="exit 2"):
