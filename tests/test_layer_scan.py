@@ -273,6 +273,12 @@ def _cpu_operands():
   return jnp.ones((6, 5, 8)), jnp.ones((6, 5, 3)), jnp.ones((6, 5, 7))
 
 
+def _compiled_dots(f, *args):
+  """The dot instructions of f compiled for args."""
+  hlo = jax.jit(f).lower(*args).compile().as_text()
+  return [line for line in hlo.splitlines() if " dot(" in line]
+
+
 def test_transposed_rows_stay_transposed_in_the_compiled_products():
   """On CPU the products read a^T from memory: no dot of the compiled sums
   contracts its left operand along dimension 0, the rows-contracted form
@@ -287,14 +293,10 @@ def test_transposed_rows_stay_transposed_in_the_compiled_products():
   def plain(a, d, e):
     return row_products(a, d, a.dtype), row_products(a, e, a.dtype)
 
-  def dots(f):
-    hlo = jax.jit(f).lower(a, d, e).compile().as_text()
-    return [line for line in hlo.splitlines() if " dot(" in line]
-
-  want = dots(plain)  # the check sees the rows-contracted form
+  want = _compiled_dots(plain, a, d, e)  # it sees the rows-contracted form
   assert len(want) == 2
   assert all("lhs_contracting_dims={0}" in x for x in want)
-  got = dots(shared)
+  got = _compiled_dots(shared, a, d, e)
   assert len(got) == 2
   assert not any("lhs_contracting_dims={0}" in x for x in got), got
 
@@ -305,15 +307,10 @@ def test_row_products_read_wide_sums_from_transposed_rows():
   rows-contracted dot, where one pass over a would cost what it gains."""
   a, _, _ = _cpu_operands()  # m = 8
 
-  def dots(n):
-    d = jnp.ones((6, 5, n))
-    hlo = jax.jit(row_products, static_argnums=2).lower(
-        a, d, a.dtype).compile().as_text()
-    return [line for line in hlo.splitlines() if " dot(" in line]
-
   assert WIDE_ROWS == 2
   for n, rows_contracted in ((8, True), (15, True), (16, False), (40, False)):
-    got = dots(n)
+    got = _compiled_dots(lambda a, d: row_products(a, d, a.dtype), a,
+                         jnp.ones((6, 5, n)))
     assert len(got) == 1, got
     assert ("lhs_contracting_dims={0}" in got[0]) == rows_contracted, (n, got)
 
