@@ -23,7 +23,11 @@ keeps z_t = h_{t-1} W for every step, [T, B, S*4H], and the carries (h, c)):
   backwards rebuild c_t from A_t and c_{t-1} and write the cotangent of
   gx_t over A_t. The activations are one elementwise map over the gates
   (`fused_lstm`'s A = s tanh(s z + gamma) + delta, per-column constants).
-- mix="states": dW = sum_t h_{t-1}^T dz_t, one matmul after the loop.
+- mix="states": the bias b enters the activation map (s (g + b) + gamma,
+  as `fused_lstm`), so the hoisted gx_t is x_t W_x[s] alone: no pass
+  over [B, T, S*4H] to add b and one such temporary less (B=64 T=100
+  H=512: the training step's temporaries 246 -> 171 MiB). dW = sum_t
+  h_{t-1}^T dz_t, one matmul after the loop, and db = sum_t dz_t.
   mix="gates": the mixture's backward needs no z_t (as `fused_mm_rnn`'s):
   G_t = dg_t [W_h[1]^T | .. | W_h[S]^T] gives dh_{t-1} = sum_s alpha_s
   G_t[s] and dalpha_s = h_{t-1} . G_t[s], and dW_h[s] = sum_t h_{t-1}^T
@@ -53,7 +57,7 @@ from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import activation_consts
 from sorjax.layer_scan import (batch_major_mask, check_lstm_state,
                                previous_steps, row_products, scan_overwrite,
-                               unroll_steps, valid_or, zero_padded)
+                               sum_dtype, unroll_steps, valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -114,10 +118,12 @@ def _back_loop(grad, As, res_inputs, mask, dh_T, dc_T, unroll):
   return d0, jnp.swapaxes(das, 0, 1), dzs
 
 
-def _forward(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
-  """mix="states": every cell's activations over gx [B, T, S*4H]."""
+def _forward(unroll, forget_bias, W, b, gx, alpha, mask, h0, c0):
+  """mix="states": every cell's activations over gx [B, T, S*4H]; b
+  [1, S*4H] enters the map."""
   S = alpha.shape[-1]
   s, gamma, delta = _consts(S, h0.shape[-1], forget_bias, W.dtype)
+  gamma = gamma + s * b  # s (g + b) + gamma: b costs nothing per step
 
   def update(h, c, gx_t, a):
     A = s * jnp.tanh(s * (h @ W + gx_t) + gamma) + delta    # sigma / tanh
@@ -129,14 +135,15 @@ def _forward(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _layer(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
-  final, ys, _, _ = _forward(unroll, forget_bias, W, gx, alpha, mask, h0, c0)
+def _layer(unroll, forget_bias, W, b, gx, alpha, mask, h0, c0):
+  final, ys, _, _ = _forward(unroll, forget_bias, W, b, gx, alpha, mask, h0,
+                             c0)
   return final, ys
 
 
-def _layer_fwd(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
-  final, ys, cs, As = _forward(unroll, forget_bias, W, gx, alpha, mask, h0,
-                               c0)
+def _layer_fwd(unroll, forget_bias, W, b, gx, alpha, mask, h0, c0):
+  final, ys, cs, As = _forward(unroll, forget_bias, W, b, gx, alpha, mask,
+                               h0, c0)
   return (final, ys), (W, alpha, mask, h0, ys, cs, As)
 
 
@@ -164,8 +171,11 @@ def _layer_bwd(unroll, forget_bias, res, cot):
 
   (dh0, dc0), das, dzs = _back_loop(grad, As, (hp, cs, dys, alpha), mask,
                                     dh_T, dc_T, unroll)
-  # dW = sum_t h_{t-1}^T dz_t over all T*B rows, in at least float32.
-  return row_products(hp, dzs, W.dtype), dzs, das, None, dh0, dc0
+  # dW = sum_t h_{t-1}^T dz_t and db = sum_t dz_t over all T*B rows, in at
+  # least float32.
+  db = jnp.sum(dzs, axis=(0, 1), dtype=sum_dtype(W.dtype)).astype(W.dtype)
+  return (row_products(hp, dzs, W.dtype), db[None], dzs, das, None, dh0,
+          dc0)
 
 
 _layer.defvjp(_layer_fwd, _layer_bwd)
@@ -249,12 +259,14 @@ class AttentionLSTMArgs(NamedTuple):
   W: Array            # [H, S*4H], `recurrent_matrix`
   forget_bias: float
   mix: str            # "states" or "gates" (assignment_lstm: "gates")
+  b: Array | None     # [S, 4H] with mix="states", added in the layer's map;
+                      # None with "gates", whose gx holds the mixed b
 
 
 def layer_args(cell, params) -> AttentionLSTMArgs | None:
   """The layer arguments of an `attention_lstm` (either mix) or
-  `assignment_lstm` cell (its precompute gives the layer's xp); None for
-  every other cell."""
+  `assignment_lstm` cell (the cell's precompute on `precompute_params`
+  gives the layer's xp); None for every other cell."""
   from sorjax.cells.attention_lstm import AssignmentLSTM, AttentionLSTM
   if type(cell) is AttentionLSTM:
     mix = cell.mix
@@ -263,19 +275,29 @@ def layer_args(cell, params) -> AttentionLSTMArgs | None:
   else:
     return None
   return AttentionLSTMArgs(recurrent_matrix(params), float(cell.forget_bias),
-                           mix)
+                           mix, params["b"] if mix == "states" else None)
+
+
+def precompute_params(args: AttentionLSTMArgs, params):
+  """The params the cell's `precompute` runs on for `run_layer(args, ..)`:
+  with args.b (mix="states") b is zero there, as the layer adds it in its
+  map; XLA drops the + 0, and b's gradient comes from the layer."""
+  if args.b is None:
+    return params
+  return {**params, "b": jnp.zeros_like(params["b"])}
 
 
 def run_layer(args: AttentionLSTMArgs, xp, carry, lengths=None, unroll=None):
-  """`attention_lstm_layer` from `layer_args`."""
+  """`attention_lstm_layer` from `layer_args`; xp from the cell's
+  precompute on `precompute_params(args, params)`."""
   return attention_lstm_layer(args.W, args.forget_bias, xp, carry, lengths,
-                              unroll, mix=args.mix)
+                              unroll, mix=args.mix, b=args.b)
 
 
 def attention_lstm_layer(W: Array, forget_bias: float, xp: SecondOrderInputs,
                          carry: LSTMCarry, lengths: Array | None = None,
-                         unroll: int | None = None, mix: str = "states"
-                         ) -> tuple[LSTMCarry, Array]:
+                         unroll: int | None = None, mix: str = "states",
+                         b: Array | None = None) -> tuple[LSTMCarry, Array]:
   """Runs the attention LSTM's recurrence over batch-major precomputed
   inputs.
 
@@ -293,6 +315,10 @@ def attention_lstm_layer(W: Array, forget_bias: float, xp: SecondOrderInputs,
       None is 1.
     mix: "states" (eq. (d)-(e)) or "gates" (the alpha-mixed gates of one
       LSTM update), as the cells' attribute.
+    b: mix="states" only: the cells' bias [S, 4H], added to the gates
+      inside the layer's activation map (xp.gx then holds x_t W_x[s]
+      alone, the cell's precompute with b = 0, `precompute_params`); None
+      when xp.gx holds it already.
 
   Returns:
     (final carry, ys [B, T, H]).
@@ -316,9 +342,17 @@ def attention_lstm_layer(W: Array, forget_bias: float, xp: SecondOrderInputs,
     raise ValueError(f"{where}: xp.alpha must be [B, T, S] = [{B}, {T}, "
                      f"{S}], got {alpha.shape}")
   check_lstm_state(where, carry, B, H, T)
-  layer = _layer if mix == "states" else _gates_layer
-  (h, c), ys = layer(unroll_steps(where, unroll),
-                     float(forget_bias), W, gx.reshape(B, T, math.prod(want)), alpha,
-                     batch_major_mask(where, lengths, B, T), carry.h,
-                     carry.c)
+  if b is not None and (mix != "states" or jnp.shape(b) != (S, 4 * H)):
+    raise ValueError(f"{where}: b must be [S, 4H] = [{S}, {4 * H}] with "
+                     f"mix='states' (with 'gates' xp.gx holds the mixed "
+                     f"bias), got shape {jnp.shape(b)} with mix={mix!r}")
+  steps = unroll_steps(where, unroll)
+  if mix == "states":
+    b = (jnp.zeros((1, S * 4 * H), W.dtype) if b is None
+         else jnp.reshape(b, (1, -1)).astype(W.dtype))
+    layer = functools.partial(_layer, steps, float(forget_bias), W, b)
+  else:
+    layer = functools.partial(_gates_layer, steps, float(forget_bias), W)
+  (h, c), ys = layer(gx.reshape(B, T, math.prod(want)), alpha,
+                     batch_major_mask(where, lengths, B, T), carry.h, carry.c)
   return LSTMCarry(h, c), ys

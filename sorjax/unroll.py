@@ -59,7 +59,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, NamedTuple, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -173,7 +173,7 @@ def _batch_major_layer(cell, params, hoist, remat, fused_grad, fused):
   attention_lstm and assignment_lstm (`fused_attention_lstm`: activations
   over gx_t), mlstm (`fused_mlstm`: activations over gx_t), gru
   (`fused_gru`: activations over xp_t), rnn (`fused_rnn`: h_t over xp_t).
-  Returns layer(xp, carry, lengths, unroll) or None."""
+  Returns a `_Layer` or None."""
   if fused_grad is False or not hoist or remat is not False:
     return None
   modules = (fused_tensor_rnn,)
@@ -185,8 +185,18 @@ def _batch_major_layer(cell, params, hoist, remat, fused_grad, fused):
   for module in modules:
     args = module.layer_args(cell, params)
     if args is not None:
-      return functools.partial(module.run_layer, args)
+      inputs = getattr(module, "precompute_params", None)
+      return _Layer(functools.partial(module.run_layer, args),
+                    params if inputs is None else inputs(args, params))
   return None
+
+
+class _Layer(NamedTuple):
+  """A cell's own layer, run(xp, carry, lengths, unroll), and the params
+  its xp is precomputed from (a layer that adds a bias in its own map has
+  the precompute leave it out: `fused_attention_lstm.precompute_params`)."""
+  run: Callable
+  params: Any
 
 
 def _precompute_rows(cell, params, xs, per_step, scalar):
@@ -523,8 +533,9 @@ def unroll(cell, params, xs: Array, carry=None, lengths: Array | None = None,
 
   try:
     if layer is not None and T > 0:  # batch-major, its own VJP
-      carry, ys = layer(_precompute_rows(cell, params, xs, per_step, scalar),
-                        carry, lengths, unroll)
+      carry, ys = layer.run(
+          _precompute_rows(cell, layer.params, xs, per_step, scalar), carry,
+          lengths, unroll)
     else:
       # T = 0 on a layer's route runs the (empty) scan: the generic fused
       # path only where the cell has a split step (not dyck_rnn).

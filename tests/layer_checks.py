@@ -3,6 +3,9 @@
 `sorjax.fused_gru`, `sorjax.fused_rnn`, `sorjax.fused_tensor_rnn`): each
 runs a cell through `sorjax.unroll` on its fused path."""
 
+import math
+import re
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -59,6 +62,25 @@ def train_step_temp_bytes(cell, params, xs, G, fused_grad=True):
     return pull(G)
   return jax.jit(step).lower(params, xs).compile().memory_analysis(
       ).temp_size_in_bytes
+
+
+def adds_to_hoisted_product(cell, params, xs, rows, width):
+  """The elementwise adds of [rows, width] elements (the hoisted product's
+  size, a bias added to it) among the top-level fusions of the compiled
+  training step of `sorjax.unroll(..., fused_grad=True)` (XLA:CPU's
+  optimized HLO)."""
+  def step(p, x):
+    return jax.grad(lambda p: jnp.sum(sorjax.unroll(
+        cell, p, x, fused_grad=True)[1]))(p)
+  hlo = jax.jit(step).lower(params, xs).compile().as_text()
+  entry = hlo[hlo.index("\nENTRY"):]
+  found = []
+  for line in entry.splitlines():
+    m = re.search(r"= \w+\[([\d,]*)\]\S* fusion\(.*kind=kLoop.*"
+                  r'op_name="[^"]*/add"', line)
+    if m and math.prod(map(int, m.group(1).split(","))) == rows * width:
+      found.append(line.strip())
+  return found
 
 
 def option_cases(unroll, lengths):

@@ -71,7 +71,9 @@ def test_matches_numpy_loop_per_example_length(kind, per_token, unroll):
   aux = aux_of(kind, per_token)
   lengths = np.array([3, 0])
   carry = cell.initial_carry(params, (B,))
-  xp = precompute(cell, params, xs, **aux)
+  args = layer_args(cell, params)  # mix="states": b (nonzero) in the map
+  assert (args.b is None) == (kind != "states")
+  xp = precompute(cell, fa.precompute_params(args, params), xs, **aux)
   got, ys = jax.jit(lambda p, xp: run_layer(layer_args(cell, p), xp, carry,
                                             lengths, unroll))(params, xp)
   p, x64 = np_params(params), np.asarray(xs, np.float64)
@@ -112,6 +114,44 @@ def test_every_gradient_matches_autodiff_of_the_scan(kind, lengths, reverse,
       reverse=reverse, unroll=unroll, **aux_of(kind, per_token=True))
 
 
+def test_bias_in_the_map_equals_bias_in_gx():
+  """mix="states": the layer given b (added in its activation map) over
+  gx = x W_x computes what it computes with b inside gx, and b's gradient
+  is the sum of gx's over all steps."""
+  cell, params, xs = make_kind("states")
+  W, fb, _, b = layer_args(cell, params)
+  xp = precompute(cell, params, xs)  # gx = x W_x + b
+  carry = cell.initial_carry(params, (B,))
+  G = normal(5, (B, T, H))
+  lengths = jnp.array([4, 2])
+
+  def loss(b, gx):
+    c, ys = attention_lstm_layer(W, fb, xp._replace(gx=gx), carry, lengths,
+                                 b=b)
+    return jnp.sum(ys * G) + jnp.sum(c.c), ys
+
+  gx0 = xp.gx - b[None, None]  # x W_x alone
+  (_, ys_map), (db, dgx0) = jax.value_and_grad(loss, (0, 1), has_aux=True)(
+      b, gx0)
+  (_, ys_gx), dgx = jax.value_and_grad(lambda gx: loss(None, gx),
+                                       has_aux=True)(xp.gx)
+  np.testing.assert_allclose(ys_map, ys_gx, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(dgx0, dgx, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(db, jnp.sum(dgx, axis=(0, 1)), rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_unroll_leaves_the_bias_out_of_the_hoisted_gates():
+  """unroll precomputes gx = x W_x with b = 0 for the mix="states" layer:
+  the compiled training step adds nothing to the hoisted [T*B, S*4H]
+  product (B=8 T=40 H=64, S = 2), which it did before session 36."""
+  cell = sorjax.cells.make("attention_lstm", hidden_size=64, num_cells=2)
+  params = cell.init(jax.random.key(0), D)
+  xs = normal(2, (8, 40, D))
+  assert not checks.adds_to_hoisted_product(cell, params, xs, 8 * 40,
+                                            2 * 4 * 64)
+
+
 @pytest.mark.parametrize("mix,bound", [("states", 0.8), ("gates", 0.9)])
 def test_needs_less_memory_than_the_generic_fused_scan(mix, bound,
                                                        monkeypatch):
@@ -132,8 +172,8 @@ def test_needs_less_memory_than_the_generic_fused_scan(mix, bound,
 
 def test_argument_checks_name_the_argument():
   cell, params, xs = ref_eqs.make("attention_lstm")
-  W, fb, mix = layer_args(cell, params)
-  assert mix == "states"
+  W, fb, mix, b = layer_args(cell, params)
+  assert mix == "states" and b is params["b"]
   xp = precompute(cell, params, xs)
   c = cell.initial_carry(params, (B,))
   with pytest.raises(ValueError, match=r"W must be \[H, S\*4H\], got \(3, 13\)"):
@@ -158,4 +198,12 @@ def test_argument_checks_name_the_argument():
   with pytest.raises(ValueError, match=r"xp.gx must be \[B, T, 12\] for "
                      r"mix='gates', got \(2, 4, 5, 12\)"):
     attention_lstm_layer(W, fb, xp, c, mix="gates")
+  with pytest.raises(ValueError, match=r"b must be \[S, 4H\] = \[5, 12\] "
+                     r"with mix='states'.*got shape \(60,\) with "
+                     r"mix='states'"):
+    attention_lstm_layer(W, fb, xp, c, b=b.reshape(-1))
+  gates = SecondOrderInputs(xp.gx[:, :, 0], xp.alpha)
+  with pytest.raises(ValueError, match=r"b must be .*got shape \(5, 12\) "
+                     r"with mix='gates'"):
+    attention_lstm_layer(W, fb, gates, c, mix="gates", b=b)
   assert layer_args(sorjax.cells.make("lstm", hidden_size=H), {}) is None

@@ -61,9 +61,11 @@ def test_matches_numpy_loop_per_example_length(act, unroll):
   xs = normal(1, (B, T, D))
   h0, c0 = normal(3, (B, H), 0.5), normal(4, (B, H), 0.5)
   lengths = np.array([6, 2, 0])
-  carry, ys = jax.jit(lambda p, x: run_layer(
-      layer_args(cell, p), precompute(cell, p, x), LSTMCarry(h0, c0),
-      jnp.asarray(lengths), unroll))(params, xs)
+  def run(p, x):  # b (nonzero) enters the layer's map, not gx
+    args = layer_args(cell, p)
+    return run_layer(args, precompute(cell, fm.precompute_params(args, p), x),
+                     LSTMCarry(h0, c0), jnp.asarray(lengths), unroll)
+  carry, ys = jax.jit(run)(params, xs)
   checks.assert_each_example_runs_its_length(
       ys, carry, (h0, c0), lengths, numpy_step(np_params(params), act), xs)
 
@@ -82,6 +84,42 @@ def test_every_gradient_matches_autodiff_of_the_scan(act, lengths, reverse,
       cell, params, xs, carry, normal(5, (B, T, H)),
       lengths=lengths,
       reverse=reverse, unroll=unroll)
+
+
+@pytest.mark.parametrize("act", ACTS)
+def test_bias_in_the_map_equals_bias_in_gx(act):
+  """The layer given b (added inside its step) over gx = x W_x computes
+  what it computes with b inside gx, and b's gradient is the sum of gx's
+  over all steps."""
+  cell, params = make(act=act)
+  args = layer_args(cell, params)
+  xp = precompute(cell, params, normal(1, (B, T, D)))  # gx = x W_x + b
+  carry = LSTMCarry(normal(3, (B, H), 0.5), normal(4, (B, H), 0.5))
+  G, lengths = normal(5, (B, T, H)), jnp.array([6, 2, 0])
+
+  def loss(b, gx):
+    c, ys = mlstm_layer(args.W_mh, args.W_m, xp._replace(gx=gx), carry,
+                        lengths, candidate_activation=act, b=b)
+    return jnp.sum(ys * G) + jnp.sum(c.c), ys
+
+  (_, ys_map), (db, dgx0) = jax.value_and_grad(loss, (0, 1), has_aux=True)(
+      args.b, xp.gx - args.b[None, None])
+  (_, ys_gx), dgx = jax.value_and_grad(lambda gx: loss(None, gx),
+                                       has_aux=True)(xp.gx)
+  np.testing.assert_allclose(ys_map, ys_gx, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(dgx0, dgx, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(db, jnp.sum(dgx, axis=(0, 1)), rtol=1e-5,
+                             atol=1e-6)
+
+
+def test_unroll_leaves_the_bias_out_of_the_hoisted_gates():
+  """unroll precomputes gx = x W_x with b = 0 for the layer: the compiled
+  training step adds nothing to the hoisted [T*B, 4H] product (B=8 T=40
+  H=16), which it did before session 36."""
+  cell = sorjax.cells.make("mlstm", hidden_size=16, intermediate_size=12)
+  params = random_params(cell, D, 0)
+  assert not checks.adds_to_hoisted_product(
+      cell, params, normal(2, (8, 40, D)), 8 * 40, 4 * 16)
 
 
 def test_needs_less_memory_than_the_generic_fused_scan(monkeypatch):
@@ -120,4 +158,7 @@ def test_argument_checks_name_the_argument():
   with pytest.raises(ValueError, match="candidate_activation must be "
                      "'identity' or 'tanh', got 'relu'"):
     mlstm_layer(W_mh, W_m, xp, c, candidate_activation="relu")
+  with pytest.raises(ValueError, match=r"b must be \[4H\] = \[20\], got "
+                     r"shape \(5, 4\)"):
+    mlstm_layer(W_mh, W_m, xp, c, b=jnp.zeros((5, 4)))
   assert layer_args(sorjax.cells.make("gru", hidden_size=H), {}) is None
