@@ -57,7 +57,8 @@ from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import activation_consts
 from sorjax.layer_scan import (batch_major_mask, check_lstm_state,
                                previous_steps, row_products, scan_overwrite,
-                               sum_dtype, unroll_steps, valid_or, zero_padded)
+                               step_product, sum_dtype, unroll_steps,
+                               valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -124,9 +125,10 @@ def _forward(unroll, forget_bias, W, b, gx, alpha, mask, h0, c0):
   S = alpha.shape[-1]
   s, gamma, delta = _consts(S, h0.shape[-1], forget_bias, W.dtype)
   gamma = gamma + s * b  # s (g + b) + gamma: b costs nothing per step
+  hW = step_product(W)
 
   def update(h, c, gx_t, a):
-    A = s * jnp.tanh(s * (h @ W + gx_t) + gamma) + delta    # sigma / tanh
+    A = s * jnp.tanh(s * (hW(h) + gx_t) + gamma) + delta    # sigma / tanh
     _, _, _, o, cs = _cells(A, c, S)                         # eq. (c)
     return (A, jnp.einsum("bs,bsh->bh", a, o * jnp.tanh(cs)),  # eq. (d)
             jnp.einsum("bs,bsh->bh", a, cs))                 # eq. (e)
@@ -152,7 +154,7 @@ def _layer_bwd(unroll, forget_bias, res, cot):
   (dh_T, dc_T), dys = cot
   S = alpha.shape[-1]
   s, _, delta = _consts(S, h0.shape[-1], forget_bias, W.dtype)
-  Wt = W.T  # once: a per-step dot on a transposed operand is slower on CPU
+  dzWt = step_product(W.T)
   hp = previous_steps(h0, ys, 1)                            # h_{t-1}
 
   def grad(A, h_prev, c_prev, a, dh_t, dc_t):
@@ -166,7 +168,7 @@ def _layer_bwd(unroll, forget_bias, res, cot):
                           dh_s * tc], axis=-1).reshape(A.shape)
     u = (A - delta) / s                                      # tanh(s z + gamma)
     dz = dA * (s * s) * (1 - u * u)
-    return (dz @ Wt,                                         # through h_{t-1} W
+    return (dzWt(dz),                                        # through h_{t-1} W
             jnp.sum(dc_s * f, axis=1), da, dz)               # through c_{t-1}
 
   (dh0, dc0), das, dzs = _back_loop(grad, As, (hp, cs, dys, alpha), mask,
@@ -189,9 +191,10 @@ def _gates_forward(unroll, forget_bias, W, gx, alpha, mask, h0, c0):
   S = alpha.shape[-1]
   B, H = h0.shape
   s, gamma, delta = activation_consts(H, forget_bias, W.dtype, False)
+  hW = step_product(W)
 
   def update(h, c, gx_t, a):
-    g = gx_t + jnp.einsum("bs,bsn->bn", a, (h @ W).reshape(B, S, 4 * H))
+    g = gx_t + jnp.einsum("bs,bsn->bn", a, hW(h).reshape(B, S, 4 * H))
     A = s * jnp.tanh(s * g + gamma) + delta
     i, f, gg, o = jnp.split(A, 4, axis=-1)
     c_new = f * c + i * gg
@@ -223,7 +226,8 @@ def _gates_layer_bwd(unroll, forget_bias, res, cot):
   S = alpha.shape[-1]
   B, H = h0.shape
   s, _, delta = activation_consts(H, forget_bias, W.dtype, False)
-  Wt = jnp.transpose(W.reshape(H, S, 4 * H), (2, 1, 0)).reshape(4 * H, S * H)
+  dgWt = step_product(jnp.transpose(W.reshape(H, S, 4 * H),
+                                    (2, 1, 0)).reshape(4 * H, S * H))
   hp = previous_steps(h0, ys, 1)                            # h_{t-1}
 
   def grad(A, h_prev, c_prev, a, dh_t, dc_t):
@@ -233,7 +237,7 @@ def _gates_layer_bwd(unroll, forget_bias, res, cot):
     dA = jnp.concatenate([dct * gg, dct * c_prev, dct * i, dh_t * tc], -1)
     u = (A - delta) / s
     dg = dA * (s * s) * (1 - u * u)                          # dL/d gates
-    G = (dg @ Wt).reshape(B, S, H)                           # dg W_h[s]^T
+    G = dgWt(dg).reshape(B, S, H)                            # dg W_h[s]^T
     return (jnp.einsum("bs,bsh->bh", a, G), dct * f,
             jnp.einsum("bsh,bh->bs", G, h_prev), dg)         # dL/dalpha_s
 

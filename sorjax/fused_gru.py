@@ -46,9 +46,10 @@ import jax.numpy as jnp
 
 from sorjax.cells import base
 from sorjax.layer_scan import (batch_major_mask, check_state_layer,
-                               previous_steps, scan_overwrite, sum_dtype,
-                               transposed_row_products, transposed_rows,
-                               unroll_steps, valid_or, zero_padded)
+                               previous_steps, scan_overwrite, step_product,
+                               sum_dtype, transposed_row_products,
+                               transposed_rows, unroll_steps, valid_or,
+                               zero_padded)
 
 Array = jax.Array
 
@@ -58,10 +59,11 @@ def _forward(unroll, W, b_hn, xp, mask, h0):
   returns the final h and the buffers ((r, z, n) over xp, hn', ys)."""
   B, T, _ = xp.shape
   H = h0.shape[-1]
+  times_W = step_product(W)
 
   def body(h, b, m):  # b = (xp_t, _, _), overwritten with the saved values
     x_t = b[0]
-    hW = h @ W
+    hW = times_W(h)
     rz = jax.nn.sigmoid(x_t[:, :2 * H] + hW[:, :2 * H])
     r, z = rz[:, :H], rz[:, H:]
     hn = hW[:, 2 * H:] + b_hn[None, :]
@@ -91,7 +93,7 @@ def _layer_bwd(unroll, res, cot):
   W, mask, h0, (A, hn, ys) = res
   dh_T, dys = cot
   H = h0.shape[-1]
-  Wt = W.T
+  times_Wt = step_product(W.T)
   hp = previous_steps(h0, ys, 1)
 
   def body(dh, b, inp):  # b = (A_t, hn'_t), overwritten with cotangents
@@ -104,8 +106,8 @@ def _layer_bwd(unroll, res, cot):
                            dh_new * (h_prev - n) * z * (1 - z)], -1)
     dn, drz = zero_padded(m, (dn, drz))
     dhn = dn * r
-    dh_prev = valid_or(m, dh_new * z + jnp.concatenate([drz, dhn], -1) @ Wt,
-                       dh)
+    dh_prev = valid_or(
+        m, dh_new * z + times_Wt(jnp.concatenate([drz, dhn], -1)), dh)
     return dh_prev, None, (jnp.concatenate([drz, dn], -1), dhn)
 
   inputs = (hp, dys) if mask is None else (hp, dys, mask)

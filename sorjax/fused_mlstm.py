@@ -45,7 +45,8 @@ from sorjax.cells.base import LSTMCarry
 from sorjax.fused_lstm import activation_consts
 from sorjax.layer_scan import (batch_major_mask, check_lstm_state,
                                previous_steps, row_products, scan_overwrite,
-                               sum_dtype, unroll_steps, valid_or, zero_padded)
+                               step_product, sum_dtype, unroll_steps,
+                               valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -66,14 +67,15 @@ def _forward(unroll, candidate, W_mh, W_m, b, gx, mx, mask, h0, c0):
   mask [B, T, 1]); b [1, 4H]. Returns the final (h, c), ys [B, T, H] and the
   residuals: A_t over gx, z_t and m_t [B, T, M], c_{t-1} [T, B, H]."""
   s, gamma, delta, lin = _map(h0.shape[-1], candidate, W_m.dtype)
+  hW_mh, mW_m = step_product(W_mh), step_product(W_m)
 
   def body(carry, buf, inp):
     h, c = carry
     gx_t = buf[0]
     mx_t, msk = inp if mask is not None else (inp[0], None)
-    z = h @ W_mh
+    z = hW_mh(h)
     m = mx_t * z
-    p = gx_t + m @ W_m + b
+    p = gx_t + mW_m(m) + b
     A = s * jnp.tanh(s * p + gamma) + delta
     if lin is not None:
       A = jnp.where(lin, p, A)                      # Krause's linear hat-h_t
@@ -107,7 +109,7 @@ def _layer_bwd(unroll, candidate, res, cot):
   W_mh, W_m, mx, mask, h0, ys, cs, As, zs, ms = res
   (dh_T, dc_T), dys = cot
   s, _, delta, lin = _map(h0.shape[-1], candidate, W_m.dtype)
-  W_mt, W_mht = W_m.T, W_mh.T  # once: per-step dots on transposed operands
+  dpW_mt, dzW_mht = step_product(W_m.T), step_product(W_mh.T)
   hp = previous_steps(h0, ys, 1)                            # h_{t-1}
 
   def body(carry, buf, inp):  # (A_t, z_t, mx_t) -> (dp_t, dmx_t, dz_t)
@@ -123,9 +125,9 @@ def _layer_bwd(unroll, candidate, res, cot):
     dp = dA * (s * s) * (1 - u * u)
     if lin is not None:
       dp = jnp.where(lin, dA, dp)
-    dm = dp @ W_mt
+    dm = dpW_mt(dp)
     dz = dm * mx_t
-    return (valid_or(msk, (dz @ W_mht, dct * f), carry), None,
+    return (valid_or(msk, (dzW_mht(dz), dct * f), carry), None,
             (dp, dm * z, dz))
 
   inputs = (jnp.swapaxes(cs, 0, 1), dys)

@@ -54,9 +54,9 @@ import jax.numpy as jnp
 from sorjax.cells.mm_lstm import MMLSTMCarry, MMLSTMInputs
 from sorjax.cells.mm_rnn import MMRNNCarry, MMRNNInputs, fused_recurrent, mix
 from sorjax.layer_scan import (batch_major_mask, previous_steps, row_products,
-                               scan_overwrite, transposed_row_products,
-                               transposed_rows, unroll_steps, valid_or,
-                               zero_padded)
+                               scan_overwrite, step_product,
+                               transposed_row_products, transposed_rows,
+                               unroll_steps, valid_or, zero_padded)
 
 Array = jax.Array
 
@@ -71,8 +71,9 @@ def _offsets(Ks):
   return out
 
 
-def _mix_forward(Ws, P_h, P_vs, Wc, h, v, vx_t):
-  """z = h Wc (Wc = [W_1[1] | .. | W_N[K_N]]) and h P_h, then every group's
+def _mix_forward(Ws, P_h, P_vs, hWc, h, v, vx_t):
+  """z = h Wc (hWc: `step_product` of Wc = [W_1[1] | .. | W_N[K_N]]) and
+  h P_h, then every group's
   keys (eq. 6 / 9-15) and mixture (eq. 7 / 10-16). Returns (pre [B, N*H],
   v_new [B, sum K]). P_h is a product of its own: with its sum K columns
   appended, Wc's width stops being a multiple of H (2052 instead of 2048
@@ -80,7 +81,7 @@ def _mix_forward(Ws, P_h, P_vs, Wc, h, v, vx_t):
   (B = 64, 327 vs 370 GFLOP/s)."""
   H = h.shape[-1]
   Ks = [W.shape[0] for W in Ws]
-  z, zv = h @ Wc, h @ P_h
+  z, zv = hWc(h), h @ P_h
   pre, vs, oW = [], [], 0
   for P_v, K, o in zip(P_vs, Ks, _offsets(Ks)):
     logits = v[:, o:o + K] @ P_v + zv[:, o:o + K] + vx_t[:, o:o + K]
@@ -91,18 +92,20 @@ def _mix_forward(Ws, P_h, P_vs, Wc, h, v, vx_t):
 
 
 def _transposed(Ws):
-  """[W_n[1]^T | .. | W_n[K_n]^T] [H, K_n*H] per group, once per call: a
-  per-step dot on a transposed operand is slower on CPU."""
-  return [jnp.transpose(W, (2, 0, 1)).reshape(W.shape[2], -1) for W in Ws]
+  """d -> d [W_n[1]^T | .. | W_n[K_n]^T] ([H, K_n*H]) per group, laid out
+  once per call (`step_product`)."""
+  return [step_product(jnp.transpose(W, (2, 0, 1)).reshape(W.shape[2], -1))
+          for W in Ws]
 
 
 def _mix_backward(Wts, P_hT, P_vTs, Ks, dpre, h_prev, v, dv):
-  """The mixture's VJP from dpre [B, N*H]: returns (dL/dh_{t-1} through the
-  mixture and the keys, dL/dv_{t-1} [B, sum K], dlogits_t [B, sum K])."""
+  """The mixture's VJP from dpre [B, N*H] (Wts: `_transposed`): returns
+  (dL/dh_{t-1} through the mixture and the keys, dL/dv_{t-1} [B, sum K],
+  dlogits_t [B, sum K])."""
   B, H = h_prev.shape
   dh_prev, dlogs, dv_prev = 0, [], []
   for n, (Wt, P_vT, K, o) in enumerate(zip(Wts, P_vTs, Ks, _offsets(Ks))):
-    G = (dpre[:, n * H:(n + 1) * H] @ Wt).reshape(B, K, H)  # dpre_n W_n[k]^T
+    G = Wt(dpre[:, n * H:(n + 1) * H]).reshape(B, K, H)  # dpre_n W_n[k]^T
     v_n = v[:, o:o + K]
     # Batched dots: as multiply-sums XLA:CPU made them YNNPACK reductions
     # of ~65 us a step at B=64 H=512, against ~7 us.
@@ -154,12 +157,12 @@ def _rnn_forward(unroll, Ws, P_h, P_vs, hx, vx, mask, h0, v0):
   """The loop over axis 1 of hx [B, T, H], vx [B, T, K] (and mask
   [B, T, 1]); returns the final (h, v) and (ys, vs): y_t (0 on padded
   steps) and v_t (the carried v there) written over hx and vx."""
-  Wc = fused_recurrent(Ws, [])
+  hWc = step_product(fused_recurrent(Ws, []))
 
   def body(carry, b, m):
     h, v = carry
     hx_t, vx_t = b
-    pre, v_new = _mix_forward(Ws, P_h, P_vs, Wc, h, v, vx_t)
+    pre, v_new = _mix_forward(Ws, P_h, P_vs, hWc, h, v, vx_t)
     h_new = jnp.tanh(pre + hx_t)                             # eq. 8
     new = valid_or(m, (h_new, v_new), carry)
     return new, None, (zero_padded(m, h_new), new[1])
@@ -214,13 +217,13 @@ def _lstm_forward(unroll, Ws, P_h, P_vs, gx, vx, mask, h0, c0, v0):
   """The loop over axis 1 of gx [B, T, 4H], vx [B, T, sum K] (and mask);
   returns the final (h, c, v), ys and c_{t-1} ([T, B, H], stacked), and
   the activations A_t = [c^_t, i_t, f_t, o_t] and v_t written over gx, vx."""
-  Wc = fused_recurrent(Ws, [])
+  hWc = step_product(fused_recurrent(Ws, []))
   H = h0.shape[-1]
 
   def body(carry, b, m):
     h, c, v = carry
     gx_t, vx_t = b
-    pre, v_new = _mix_forward(Ws, P_h, P_vs, Wc, h, v, vx_t)
+    pre, v_new = _mix_forward(Ws, P_h, P_vs, hWc, h, v, vx_t)
     a = pre + gx_t                                           # gates c, i, f, o
     A = jnp.concatenate([jnp.tanh(a[:, :H]),                 # eq. 20
                          jax.nn.sigmoid(a[:, H:])], -1)      # eq. 17-19

@@ -32,7 +32,8 @@ import jax.numpy as jnp
 from sorjax.cells import base
 from sorjax.layer_scan import (batch_major_mask, check_state_layer,
                                previous_steps, row_products, scan_overwrite,
-                               unroll_steps, valid_or, zero_padded)
+                               step_product, unroll_steps, valid_or,
+                               zero_padded)
 
 Array = jax.Array
 
@@ -47,9 +48,10 @@ def _forward(unroll, act, W, xp, mask, h0):
   """The forward loop over axis 1 of xp [B, T, H] (and mask [B, T, 1]);
   returns the final h and ys (h_t, 0 on padded steps) written over xp."""
   phi = base.activation(act)
+  hW = step_product(W)
 
   def body(h, x_t, m):
-    h_new = phi(x_t + h @ W)
+    h_new = phi(x_t + hW(h))
     return valid_or(m, h_new, h), None, zero_padded(m, h_new)
 
   h, _, ys = scan_overwrite(body, h0, xp, mask, unroll=unroll, axis=1,
@@ -71,13 +73,13 @@ def _layer_bwd(unroll, act, res, cot):
   W, mask, h0, ys = res
   dh_T, dys = cot
   dphi = DERIVATIVE[act]
-  Wt = W.T
+  dpreWt = step_product(W.T)
   hp = previous_steps(h0, ys, 1)
 
   def body(dh, h, inp):  # h = h_t, overwritten with dpre_t
     dy, m = inp if mask is not None else (inp[0], None)
     dpre = zero_padded(m, (dy + dh) * dphi(h))
-    return valid_or(m, dpre @ Wt, dh), None, dpre
+    return valid_or(m, dpreWt(dpre), dh), None, dpre
 
   inputs = (dys,) if mask is None else (dys, mask)
   dh0, _, dxp = scan_overwrite(body, dh_T, ys, inputs, reverse=True,

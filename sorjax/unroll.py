@@ -321,11 +321,12 @@ def _fused_forward(loop, W, q, pp, seq, mask, carry, save):
   cell = loop.cell
   keep_z = loop.remat is not True  # remat=True recomputes z_t backwards
   Q2, q1 = _second(cell, q)
+  rW = layer_scan.step_product(W)
 
   def body(carry, inp):
     s, m = inp
     xp = loop.inputs(pp, s)
-    z = cell.recurrent_input(carry) @ W
+    z = rW(cell.recurrent_input(carry))
     if Q2 is None:
       (new, y), uv = loop.post(q, carry, xp, z, m), None
     else:  # post = post_second(.., u_t @ Q2); u_t and v_t are saved
@@ -355,7 +356,7 @@ def _fused_bwd(loop, res, cot):
   d_final, dys = cot
   cell = loop.cell
   Q2, q1 = _second(cell, q)
-  Wt = W.T  # once: a per-step dot on a transposed operand is slower on CPU
+  rW, dzWt = layer_scan.step_product(W), layer_scan.step_product(W.T)
   Q2t = None if Q2 is None else Q2.T
   us, vs = (None, None) if uvs is None else uvs
   # Residuals the backward consumes step by step are overwritten with the
@@ -369,7 +370,7 @@ def _fused_bwd(loop, res, cot):
     s = b["xp"] if loop.hoist else s
     xp = loop.inputs(pp, s)
     r, r_pull = jax.vjp(cell.recurrent_input, carry)
-    z = r @ W if zs is None else b["z"]
+    z = rW(r) if zs is None else b["z"]
     if Q2 is None:
       post = lambda q_, c_, xp_, z_: loop.post(q_, c_, xp_, z_, m)
       _, pull = jax.vjp(post, q, carry, xp, z)
@@ -389,7 +390,7 @@ def _fused_bwd(loop, res, cot):
       dq_u, d_prev_u, dxp_u, dz_u = pull_u(dv @ Q2t)  # through v = u Q2
       dq_t, d_prev = _tree_add(dq_t, dq_u), _tree_add(d_prev, d_prev_u)
       dxp, dz = _tree_add(dxp, dxp_u), dz + dz_u
-    dr = dz @ Wt  # through z = r W
+    dr = dzWt(dz)  # through z = r W
     d_prev = _tree_add(d_prev, r_pull(dr)[0])
     w = {"xp": dxp if loop.hoist else None, "z": None if zs is None else dz,
          "v": None if vs is None else dv}

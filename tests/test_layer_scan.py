@@ -12,7 +12,8 @@ import pytest
 
 from sorjax.layer_scan import (batch_major_mask, check_lengths, check_unroll,
                                previous_steps, row_products, scan_overwrite,
-                               scan_prefetch, sum_dtype,
+                               scan_prefetch, step_product, STEP_NT_ELEMS,
+                               STEP_NT_MIN_K, sum_dtype,
                                transposed_row_products, transposed_rows,
                                unroll_steps, valid_or, WIDE_ROWS, zero_padded)
 
@@ -340,3 +341,36 @@ def test_transposed_rows_are_made_in_one_pass():
           if re.search(r"= f32\[8,30\]\{[0-9,]+\} (?!bitcast|parameter)",
                        line)]
   assert len(made) == 1, made
+
+
+@pytest.mark.parametrize("K,N,transposed", [
+    (512, 256, False),     # small
+    (512, 4096, False),    # 2M elements, but K = 512
+    (1024, 1024, True),    # 1M elements and K = 1024
+    (2048, 512, True)])
+def test_step_product_is_a_times_W_in_the_layout_of_its_size(K, N,
+                                                             transposed):
+  """step_product(W)(a) = a @ W (a float64 NumPy product), and
+  step_product(W.T)(d) = d @ W^T; inside a loop, the compiled per-step dot
+  reads a large weight transposed (both operands contracted along their
+  last axis) and a small one as it is."""
+  assert (STEP_NT_ELEMS, STEP_NT_MIN_K) == (1 << 20, 1024)
+  rng = np.random.default_rng(0)
+  W = jnp.asarray(rng.standard_normal((K, N)) / np.sqrt(K), jnp.float32)
+  a = jnp.asarray(rng.standard_normal((3, K)), jnp.float32)
+  d = jnp.asarray(rng.standard_normal((3, N)), jnp.float32)
+  W64 = np.asarray(W, np.float64)
+  np.testing.assert_allclose(step_product(W)(a), np.asarray(a) @ W64,
+                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(step_product(W.T)(d), np.asarray(d) @ W64.T,
+                             rtol=1e-4, atol=1e-4)
+
+  def loop(W, a):  # three steps, the weight laid out once outside
+    times_W = step_product(W)
+    widen = lambda y: jnp.tile(y, (1, -(-K // N)))[:, :K]  # noqa: E731
+    return jax.lax.fori_loop(0, 3, lambda _, h: jnp.tanh(widen(times_W(h))),
+                             a)
+
+  dots = _compiled_dots(loop, W, a)
+  assert len(dots) == 1, dots
+  assert ("rhs_contracting_dims={1}" in dots[0]) == transposed, dots

@@ -8,11 +8,13 @@ against autodiff, its memory and its argument errors."""
 
 import importlib
 
+import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
 import sorjax
+from sorjax import layer_scan
 from tests import layer_checks as checks
 from tests.cells.reference import normal, random_params
 
@@ -109,3 +111,55 @@ def test_unroll_runs_the_layer_exactly_on_its_route(key, H_, opts, expected,
   checks.assert_unroll_routes_through(module, cell, params,
                                       normal(2, (B, T, D)), opts, expected,
                                       monkeypatch, **aux(key))
+
+
+def _nt_dots(cell, params, xs, G):
+  """The number of dots in the compiled training step (fused path) that
+  contract their right operand along its last axis: `step_product`'s
+  transposed form."""
+  def step(p, x):
+    return jax.grad(lambda p, x: jnp.sum(sorjax.unroll(
+        cell, p, x, fused_grad=True)[1] * G), (0, 1))(p, x)
+  hlo = jax.jit(step).lower(params, xs).compile().as_text()
+  return sum(" dot(" in line and "rhs_contracting_dims={1}" in line
+             and "rhs_batch_dims" not in line for line in hlo.splitlines())
+
+
+# The layers whose loops multiply by a weight matrix every step, and the
+# generic fused path (mrnn has no layer of its own). tensor_rnn's step
+# contracts a [D, H, H] tensor with x_t and h_{t-1}; dyck_rnn's has no
+# recurrent weights.
+STEP_PRODUCT_CASES = sorted(set(NO_AUX) - {"dyck_rnn", "tensor_rnn"}) + [
+    "mrnn"]
+
+
+@pytest.mark.parametrize("key", STEP_PRODUCT_CASES)
+def test_transposed_step_products_keep_every_gradient(key, monkeypatch):
+  """With `layer_scan.step_product`'s size rule lowered to every weight,
+  the loops' per-step products read the transposed weights (more dots
+  contract the weight's last axis) and the fused path's values and
+  gradients to every parameter and the inputs still equal autodiff of the
+  plain scan."""
+  if key == "mrnn":
+    cell = sorjax.cells.make("mrnn", hidden_size=H, intermediate_size=7)
+    params = random_params(cell, D, 0)
+  else:
+    cell, params = make(key)
+  xs, G = normal(2, (B, T, D)), normal(5, (B, T, H))
+  plain = _nt_dots(cell, params, xs, G)
+  monkeypatch.setattr(layer_scan, "STEP_NT_ELEMS", 1)
+  monkeypatch.setattr(layer_scan, "STEP_NT_MIN_K", 1)
+  assert _nt_dots(cell, params, xs, G) > plain
+
+  def loss(fused_grad):
+    def f(p, x):
+      ys = sorjax.unroll(cell, p, x, fused_grad=fused_grad)[1]
+      return jnp.sum(ys * G), ys
+    return jax.jit(jax.value_and_grad(f, (0, 1), has_aux=True))
+
+  (_, ys), grads = loss(True)(params, xs)
+  (_, ref), ref_grads = loss(False)(params, xs)
+  np.testing.assert_allclose(ys, ref, rtol=1e-5, atol=1e-6)
+  for g, r in zip(jax.tree_util.tree_leaves(grads),
+                  jax.tree_util.tree_leaves(ref_grads)):
+    np.testing.assert_allclose(g, r, rtol=1e-4, atol=1e-5)
