@@ -64,6 +64,21 @@ def train_step_temp_bytes(cell, params, xs, G, fused_grad=True):
       ).temp_size_in_bytes
 
 
+def assert_bias_in_map_equals_bias_in_gx(loss, b, gx):
+  """loss(b, gx) -> (a scalar, ys) runs a layer given b (added inside its
+  map) over gx, or with b None over gx holding it. Over gx - b with b
+  given it computes what it computes over gx (values, and gx's gradient),
+  and b's gradient is the sum of gx's over all steps."""
+  (_, ys_map), (db, dgx0) = jax.value_and_grad(loss, (0, 1), has_aux=True)(
+      b, gx - b[None, None])
+  (_, ys_gx), dgx = jax.value_and_grad(lambda gx: loss(None, gx),
+                                       has_aux=True)(gx)
+  np.testing.assert_allclose(ys_map, ys_gx, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(dgx0, dgx, rtol=1e-5, atol=1e-6)
+  np.testing.assert_allclose(db, jnp.sum(dgx, axis=(0, 1)), rtol=1e-5,
+                             atol=1e-6)
+
+
 def adds_to_hoisted_product(cell, params, xs, rows, width):
   """The elementwise adds of [rows, width] elements (the hoisted product's
   size, a bias added to it) among the top-level fusions of the compiled
