@@ -73,12 +73,11 @@ def _offsets(Ks):
 
 def _mix_forward(Ws, P_h, P_vs, hWc, h, v, vx_t):
   """z = h Wc (hWc: `step_product` of Wc = [W_1[1] | .. | W_N[K_N]]) and
-  h P_h, then every group's
-  keys (eq. 6 / 9-15) and mixture (eq. 7 / 10-16). Returns (pre [B, N*H],
-  v_new [B, sum K]). P_h is a product of its own: with its sum K columns
-  appended, Wc's width stops being a multiple of H (2052 instead of 2048
-  at H = 512, K = 4), and XLA:CPU's per-step product ran 13% slower
-  (B = 64, 327 vs 370 GFLOP/s)."""
+  h P_h, then every group's keys (eq. 6 / 9-15) and mixture (eq. 7 /
+  10-16). Returns (pre [B, N*H], v_new [B, sum K]). P_h is a product of
+  its own: with its sum K columns appended, Wc's width stops being a
+  multiple of H (2052 instead of 2048 at H = 512, K = 4), and XLA:CPU's
+  per-step product ran 13% slower (B = 64, 327 vs 370 GFLOP/s)."""
   H = h.shape[-1]
   Ks = [W.shape[0] for W in Ws]
   z, zv = hWc(h), h @ P_h
