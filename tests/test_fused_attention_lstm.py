@@ -3,8 +3,10 @@ mix="gates" and for assignment_lstm, against the NumPy loop of Lin et al.
 eq. (a)-(e) (values, final carry, masking by lengths, temperatures,
 assignments) and against JAX's autodiff of the plain scan (every gradient,
 with lengths, reverse, unroll, a given carry and per-token temperatures);
-its memory against the generic fused path; its argument checks. bfloat16,
-vmap and routing: tests/test_layers.py."""
+the bias of mix="states" added in the layer's map (against b inside gx,
+and left out of the compiled step's hoisted product); its memory against
+the generic fused path; its argument checks. bfloat16, vmap, routing and
+the transposed per-step products: tests/test_layers.py."""
 
 import importlib
 

@@ -1,9 +1,11 @@
 """sorjax.fused_mlstm against a NumPy loop of Krause et al.'s equations for
 both candidate activations (values, final carry, masking by lengths, a
 given (h_0, c_0)); against JAX's autodiff of the plain scan (every
-gradient, with lengths, reverse, unroll and a given carry); its memory
-against the generic fused path; its argument checks. bfloat16, vmap and
-routing: tests/test_layers.py."""
+gradient, with lengths, reverse, unroll and a given carry); the bias
+added in the layer's step (against b inside gx, and left out of the
+compiled step's hoisted product); its memory against the generic fused
+path; its argument checks. bfloat16, vmap, routing and the transposed
+per-step products: tests/test_layers.py."""
 
 import importlib
 

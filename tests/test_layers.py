@@ -1,10 +1,12 @@
 """Checks every cell-specific layer primitive passes alike, one table of
 them: bfloat16 gradients within bfloat16 rounding of float32's (the weight
-sums accumulate in float32), vmap over replicas equal to each replica, and
+sums accumulate in float32), vmap over replicas equal to each replica,
 `sorjax.unroll` running the layer exactly on its route (and returning what
-the plain scan does). Each layer's own module (tests/test_fused_*.py)
-checks its values against a NumPy loop of its equations, every gradient
-against autodiff, its memory and its argument errors."""
+the plain scan does), and every gradient kept with the loops' per-step
+products in `layer_scan.step_product`'s transposed form. Each layer's own
+module (tests/test_fused_*.py) checks its values against a NumPy loop of
+its equations, every gradient against autodiff, its memory and its
+argument errors."""
 
 import importlib
 
