@@ -135,15 +135,21 @@ def test_bias_in_the_map_equals_bias_in_gx():
   checks.assert_bias_in_map_equals_bias_in_gx(loss, b, xp.gx)
 
 
-def test_unroll_leaves_the_bias_out_of_the_hoisted_gates():
+def test_unroll_leaves_the_bias_out_of_the_hoisted_gates(monkeypatch):
   """unroll precomputes gx = x W_x with b = 0 for the mix="states" layer:
   the compiled training step adds nothing to the hoisted [T*B, S*4H]
-  product (B=8 T=40 H=64, S = 2), which it did before session 36."""
+  product (B=8 T=40 H=64, S = 2); with b in gx, as before session 36, it
+  does."""
   cell = sorjax.cells.make("attention_lstm", hidden_size=64, num_cells=2)
   params = cell.init(jax.random.key(0), D)
   xs = normal(2, (8, 40, D))
-  assert not checks.adds_to_hoisted_product(cell, params, xs, 8 * 40,
-                                            2 * 4 * 64)
+  adds = lambda: checks.adds_to_hoisted_product(  # noqa: E731
+      cell, params, xs, 8 * 40, 2 * 4 * 64)
+  assert not adds()
+  args = fa.layer_args
+  monkeypatch.setattr(fa, "layer_args",
+                      lambda c, p: args(c, p)._replace(b=None))
+  assert len(adds()) == 1
 
 
 @pytest.mark.parametrize("mix,bound", [("states", 0.8), ("gates", 0.9)])

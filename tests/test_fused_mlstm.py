@@ -107,14 +107,20 @@ def test_bias_in_the_map_equals_bias_in_gx(act):
   checks.assert_bias_in_map_equals_bias_in_gx(loss, args.b, xp.gx)
 
 
-def test_unroll_leaves_the_bias_out_of_the_hoisted_gates():
+def test_unroll_leaves_the_bias_out_of_the_hoisted_gates(monkeypatch):
   """unroll precomputes gx = x W_x with b = 0 for the layer: the compiled
   training step adds nothing to the hoisted [T*B, 4H] product (B=8 T=40
-  H=16), which it did before session 36."""
+  H=16); with b in gx, as before session 36, it does."""
   cell = sorjax.cells.make("mlstm", hidden_size=16, intermediate_size=12)
   params = random_params(cell, D, 0)
-  assert not checks.adds_to_hoisted_product(
+  adds = lambda: checks.adds_to_hoisted_product(  # noqa: E731
       cell, params, normal(2, (8, 40, D)), 8 * 40, 4 * 16)
+  assert not adds()
+  args = fm.layer_args
+  monkeypatch.setattr(fm, "layer_args",
+                      lambda c, p: args(c, p)._replace(b=None))
+  monkeypatch.setattr(fm, "precompute_params", lambda args, p: p)
+  assert len(adds()) == 1
 
 
 def test_needs_less_memory_than_the_generic_fused_scan(monkeypatch):
