@@ -24,14 +24,17 @@ layouts"):
   Slicing z into four gates and stacking their activations instead was one
   fusion of ~120 us per step at B=32 H=256 (two threads); the map is ~20.
 - Two layouts. Batch-major (default below GATE_MAJOR_FROM): state h [B, H],
-  z = h W_h [B, 4H], xp and ys used as they come. Gate-major: state h^T
-  [H, B], z^T = W_h^T h^T [4H, B], where XLA:CPU's per-step products run
-  faster from H = 512 (B=64 H=512: 200 vs 183 GFLOP/s forward). Its
-  [4H, T, B] buffers keep time inside, so x^T [D, T*B] gives
-  xp^T = W_x^T x^T in one matmul and the weight sums read dz^T as
-  [4H, T*B] rows; only the [T, B, D] / [T, B, H] arrays (x, dx, ys, dys,
-  h_{t-1}) are transposed. Buffers [T, 4H, B] instead cost two transposes
-  of a [T, B, 4H] array per call and made gate-major lose below H = 1024.
+  z = h W_h [B, 4H], xp and ys used as they come; its per-step products
+  go through `layer_scan.step_product` like the other layers' (the plain
+  form in its default range, W_h being under that rule's size below
+  H = 512). Gate-major: state h^T [H, B], z^T = W_h^T h^T [4H, B], where
+  XLA:CPU's per-step products run faster from H = 512 (B=64 H=512: 200 vs
+  183 GFLOP/s forward). Its [4H, T, B] buffers keep time inside, so x^T
+  [D, T*B] gives xp^T = W_x^T x^T in one matmul and the weight sums read
+  dz^T as [4H, T*B] rows; only the [T, B, D] / [T, B, H] arrays (x, dx,
+  ys, dys, h_{t-1}) are transposed. Buffers [T, 4H, B] instead cost two
+  transposes of a [T, B, 4H] array per call and made gate-major lose
+  below H = 1024.
 - The [T, B, 4H] buffers are reused in place, and the scans' inputs
   reach each step sliced one step ahead (`sorjax.layer_scan`): the
   forward writes A_t over xp_t once it has read it, and the backward
@@ -63,7 +66,8 @@ import numpy as np
 from sorjax import rational_tanh
 from sorjax.cells.base import LSTMCarry, check_input
 from sorjax.layer_scan import (previous_steps, row_products, scan_overwrite,
-                               sum_dtype, unroll_steps, valid_steps)
+                               step_product, sum_dtype, unroll_steps,
+                               valid_steps)
 
 Array = jax.Array
 
@@ -133,10 +137,11 @@ def _forward(forget_bias, unroll, tr, W2, b2, xp2, mask, h0, c0):
   s, gamma, delta = activation_consts(H, forget_bias, W2.dtype, tr)
   tanh = tanh_for(B, H)
   gamma = gamma + s * b2  # the bias enters the map: s (z + b) + gamma
+  times_W = (lambda h: W2 @ h) if tr else step_product(W2)
 
   def body(carry, x, m):  # x = xp_t, overwritten with A_t
     h, c = carry
-    A = s * tanh(s * (x + (W2 @ h if tr else h @ W2)) + gamma) + delta
+    A = s * tanh(s * (x + times_W(h)) + gamma) + delta
     si, sf, tg, so = jnp.split(A, 4, axis=ax)
     c_new = sf * c + si * tg                               # c_t
     h_new = so * tanh(c_new)                               # h_t
@@ -192,6 +197,7 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
   tanh = tanh_for(h0.shape[0], W_h.shape[0])  # h0 [B, H], as the forward's
   if tr:  # into the loop's layout
     h0, dh_T, dc_T, dys = h0.T, dh_T.T, dc_T.T, jnp.swapaxes(dys, 1, 2)
+  times_Wt = (lambda dz: W_h @ dz) if tr else step_product(W_h.T)
 
   def body(carry, A, inp):  # A = A_t, overwritten with dz_t
     dh, dc = carry
@@ -210,15 +216,13 @@ def _layer_bwd(forget_bias, unroll, tr, res, cot):
     dA = jnp.concatenate([dct * tg, dct * c0, dct * si, dh_t * tc], axis=ax)
     u = (A - delta) / s                                    # tanh(beta z + gamma)
     dz = dA * (s * s) * (1 - u * u)                        # dA/dz = alpha beta (1 - u^2)
-    dh_prev = W_h @ dz if tr else dz @ W_hT                # through h_{t-1} W_h
+    dh_prev = times_Wt(dz)                                 # through h_{t-1} W_h
     dc_prev = dct * sf                                     # through c_{t-1}
     if m is not None:
       dh_prev = dh_prev + jnp.where(m, jnp.zeros_like(dh), dh)
       dc_prev = dc_prev + jnp.where(m, jnp.zeros_like(dc), dc)
     return (dh_prev, dc_prev), None, dz
 
-  # batch-major: W_h^T once (a per-step dot on a transposed operand is slower)
-  W_hT = None if tr else W_h.T
   inputs = (cs, dys) if mask is None else (cs, dys, mask)
   (dh0, dc0), _, dzs = scan_overwrite(body, (dh_T, dc_T), As, inputs,
                                       reverse=True, unroll=unroll,

@@ -127,12 +127,12 @@ def _nt_dots(cell, params, xs, G):
              and "rhs_batch_dims" not in line for line in hlo.splitlines())
 
 
-# The layers whose loops multiply by a weight matrix every step, and the
-# generic fused path (mrnn has no layer of its own). tensor_rnn's step
-# contracts a [D, H, H] tensor with x_t and h_{t-1}; dyck_rnn's has no
-# recurrent weights.
+# The layers whose loops multiply by a weight matrix every step, the LSTM
+# layer (batch-major at this size) and the generic fused path (mrnn has no
+# layer of its own). tensor_rnn's step contracts a [D, H, H] tensor with
+# x_t and h_{t-1}; dyck_rnn's has no recurrent weights.
 STEP_PRODUCT_CASES = sorted(set(NO_AUX) - {"dyck_rnn", "tensor_rnn"}) + [
-    "mrnn"]
+    "lstm", "mrnn"]
 
 
 @pytest.mark.parametrize("key", STEP_PRODUCT_CASES)
@@ -142,8 +142,9 @@ def test_transposed_step_products_keep_every_gradient(key, monkeypatch):
   contract the weight's last axis) and the fused path's values and
   gradients to every parameter and the inputs still equal autodiff of the
   plain scan."""
-  if key == "mrnn":
-    cell = sorjax.cells.make("mrnn", hidden_size=H, intermediate_size=7)
+  if key in ("lstm", "mrnn"):
+    hp = dict(intermediate_size=7) if key == "mrnn" else {}
+    cell = sorjax.cells.make(key, hidden_size=H, **hp)
     params = random_params(cell, D, 0)
   else:
     cell, params = make(key)
