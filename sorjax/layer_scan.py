@@ -29,6 +29,7 @@ accumulated in at least float32 (`sum_dtype`).
 
 from __future__ import annotations
 
+import math
 from typing import Any, Callable
 
 import jax
@@ -295,33 +296,64 @@ def sum_dtype(dtype):
 # this many times as wide as a.
 WIDE_ROWS = 2
 
-# A loop's per-step product a @ W contracts the rows of W^T [N, K] in memory
-# (`step_product`) when W [K, N] has at least STEP_NT_ELEMS elements and
-# K >= STEP_NT_MIN_K.
-STEP_NT_ELEMS = 1 << 20
-STEP_NT_MIN_K = 1024
+# A loop's per-step product a @ W runs gate-major on CPU, (W^T a^T)^T with
+# W^T made once (`step_product`), when W [K, N] has at least
+# STEP_GATE_MAJOR_ELEMS[i] elements for a of at most STEP_GATE_MAJOR_ROWS[i]
+# rows (measured per shape, BUILD_NOTES "Per-step products gate-major").
+STEP_GATE_MAJOR_ROWS = (32, 64)
+STEP_GATE_MAJOR_ELEMS = (1 << 17, 1 << 20)
+
+
+def gate_major_step(rows: int, K: int, N: int) -> bool:
+  """Whether `step_product` multiplies a [rows, K] by W [K, N] gate-major
+  on CPU."""
+  return any(rows <= r and K * N >= e
+             for r, e in zip(STEP_GATE_MAJOR_ROWS, STEP_GATE_MAJOR_ELEMS))
 
 
 def step_product(W):
   """a -> a @ W for the per-step products of a loop, with W [K, N] laid out
   once (call it outside the loop; inside, the function only multiplies).
 
-  A large W (at least STEP_NT_ELEMS elements, K >= STEP_NT_MIN_K) is read
-  as W^T [N, K] in memory, both operands contracted along their last axis:
-  in scans of 100 products on a Zen 3 EPYC (XLA:CPU's YNNPACK dots, two
-  threads) that ran 1.1-2.1x the plain a @ W at B = 32 and 64, K*N from
-  1M to 16M elements ([32, 4096] x [4096, 1024]: 2.0x; [64, 4096] x
-  [4096, 512]: 1.1-1.16x; [32, 1024] x [1024, 4096]: 1.7x), and 0.76-0.97x
-  for smaller weights or K = 512 ([64, 512] x [512, 4096]: 0.97x). A
-  backward product by W^T is step_product(W.T): its large form reads W
-  itself (the two transposes cancel), its small one W^T made once, as
-  before. Other platforms' dots take either form at the same cost."""
+  On CPU, where `gate_major_step` says so (a large W, few rows of a), the
+  product runs gate-major: W^T [N, K] (made once) times a^T gives y^T
+  [N, rows], an optimization barrier keeps that layout, and y is read
+  from it transposed. Without the barrier XLA folds the transpose back
+  into the dot, and its dot of a by W, from either layout of W, ran
+  slower. Scans of 100 products on a Zen 3 EPYC (YNNPACK dots, two
+  threads, ad hoc), against what this function gave before (a @ W, or W^T
+  [N, K] contracted along both last axes for K*N >= 1M and K >= 1024):
+
+    B x K x N                             gate-major speed-up
+    8-32 x 256-512 x 1024-2048            1.15-1.66x
+    32 x 1024 x 4096, 32 x 4096 x 1024    1.39-1.6x
+    64 x 256-4096 x 512-4096              1.05-1.19x
+    128 x 256-512 x 1024-2048             1.01-1.03x
+    64 x 64 x 256, 32 x 32 x 128          0.95-1.02x
+    10 x 12 x 48                          0.63x
+
+  Whole training steps gained up to 1.38x at B = 32 and 1.13x at B = 64
+  with H = 1024, but lost 2-4% at B = 128 and at B = 64 with weights under
+  1M elements (BUILD_NOTES, "Per-step products gate-major"), hence the
+  bounds of `gate_major_step`. A backward product by W^T is
+  step_product(W.T): it reads W itself (the two transposes cancel). Other
+  platforms multiply a @ W, whose dots take any layout
+  (`jax.lax.platform_dependent`; on CPU only the gate-major branch is
+  compiled)."""
   K, N = W.shape
-  if K * N >= STEP_NT_ELEMS and K >= STEP_NT_MIN_K:
-    Wt = W.T
-    return lambda a: jax.lax.dot_general(
-        a, Wt, (((a.ndim - 1,), (1,)), ((), ())))
-  return lambda a: a @ W
+  Wt = W.T  # unused (and dropped by XLA) where no product is gate-major
+
+  def gate_major(a):  # y^T [N, ...] in memory, then y [..., N]
+    yT = jax.lax.dot_general(Wt, a, (((1,), (a.ndim - 1,)), ((), ())))
+    return jnp.moveaxis(jax.lax.optimization_barrier(yT), 0, -1)
+
+  def product(a):
+    if not gate_major_step(math.prod(a.shape[:-1]), K, N):
+      return a @ W
+    return jax.lax.platform_dependent(a, cpu=gate_major,
+                                      default=lambda a: a @ W)
+
+  return product
 
 
 def row_products(a, d, dtype):

@@ -11,9 +11,10 @@ import numpy as np
 import pytest
 
 from sorjax.layer_scan import (batch_major_mask, check_lengths, check_unroll,
-                               previous_steps, row_products, scan_overwrite,
-                               scan_prefetch, step_product, STEP_NT_ELEMS,
-                               STEP_NT_MIN_K, sum_dtype,
+                               gate_major_step, previous_steps, row_products,
+                               scan_overwrite, scan_prefetch, step_product,
+                               STEP_GATE_MAJOR_ELEMS, STEP_GATE_MAJOR_ROWS,
+                               sum_dtype,
                                transposed_row_products, transposed_rows,
                                unroll_steps, valid_or, WIDE_ROWS, zero_padded)
 
@@ -343,25 +344,41 @@ def test_transposed_rows_are_made_in_one_pass():
   assert len(made) == 1, made
 
 
-@pytest.mark.parametrize("K,N,transposed", [
-    (512, 256, False),     # small
-    (512, 4096, False),    # 2M elements, but K = 512
-    (1024, 1024, True),    # 1M elements and K = 1024
-    (2048, 512, True)])
-def test_step_product_is_a_times_W_in_the_layout_of_its_size(K, N,
-                                                             transposed):
+def test_gate_major_step_bounds():
+  """Gate-major from 2^17 weight elements with at most 32 rows of a, and
+  from 2^20 with at most 64; plain beyond 64 rows or under the sizes."""
+  assert STEP_GATE_MAJOR_ROWS == (32, 64)
+  assert STEP_GATE_MAJOR_ELEMS == (1 << 17, 1 << 20)
+  assert gate_major_step(32, 256, 512)           # 2^17, 32 rows
+  assert not gate_major_step(32, 256, 511)
+  assert not gate_major_step(33, 256, 512)       # 2^17 needs <= 32 rows
+  assert gate_major_step(33, 1024, 1024)         # 2^20, 33-64 rows
+  assert gate_major_step(64, 512, 2048)
+  assert not gate_major_step(64, 1023, 1024)
+  assert not gate_major_step(65, 4096, 4096)     # beyond 64 rows
+  assert gate_major_step(1, 512, 256)
+
+
+@pytest.mark.parametrize("rows,K,N,gate_major", [
+    (3, 64, 256, False),       # small
+    (3, 256, 512, True),       # 2^17 elements
+    (3, 2048, 512, True),
+    (48, 512, 256, False),     # 2^17 elements, but 48 rows
+    (48, 1024, 1024, True)])   # 2^20 elements
+def test_step_product_is_a_times_W_in_the_layout_of_its_size(rows, K, N,
+                                                             gate_major):
   """step_product(W)(a) = a @ W (a float64 NumPy product), and
   step_product(W.T)(d) = d @ W^T; inside a loop, the compiled per-step dot
-  reads a large weight transposed (both operands contracted along their
-  last axis) and a small one as it is."""
-  assert (STEP_NT_ELEMS, STEP_NT_MIN_K) == (1 << 20, 1024)
+  of a large weight is gate-major (W^T by a^T, both contracted along their
+  last axis, giving y^T [N, rows]) and that of a small one plain
+  ([rows, N]), with no conditional left of `platform_dependent`."""
   rng = np.random.default_rng(0)
   W = jnp.asarray(rng.standard_normal((K, N)) / np.sqrt(K), jnp.float32)
-  a = jnp.asarray(rng.standard_normal((3, K)), jnp.float32)
-  d = jnp.asarray(rng.standard_normal((3, N)), jnp.float32)
+  a = jnp.asarray(rng.standard_normal((rows, K)), jnp.float32)
+  d = jnp.asarray(rng.standard_normal((rows, N)), jnp.float32)
   W64 = np.asarray(W, np.float64)
-  np.testing.assert_allclose(step_product(W)(a), np.asarray(a) @ W64,
-                             rtol=1e-4, atol=1e-4)
+  np.testing.assert_allclose(jax.jit(step_product(W))(a),
+                             np.asarray(a) @ W64, rtol=1e-4, atol=1e-4)
   np.testing.assert_allclose(step_product(W.T)(d), np.asarray(d) @ W64.T,
                              rtol=1e-4, atol=1e-4)
 
@@ -371,6 +388,11 @@ def test_step_product_is_a_times_W_in_the_layout_of_its_size(K, N,
     return jax.lax.fori_loop(0, 3, lambda _, h: jnp.tanh(widen(times_W(h))),
                              a)
 
-  dots = _compiled_dots(loop, W, a)
+  hlo = jax.jit(loop).lower(W, a).compile().as_text()
+  assert "conditional" not in hlo
+  dots = [line for line in hlo.splitlines() if " dot(" in line]
   assert len(dots) == 1, dots
-  assert ("rhs_contracting_dims={1}" in dots[0]) == transposed, dots
+  shape = f"f32[{N},{rows}]" if gate_major else f"f32[{rows},{N}]"
+  assert f"= {shape}" in dots[0], dots
+  assert ("lhs_contracting_dims={1}, rhs_contracting_dims={1}"
+          in dots[0]) == gate_major, dots

@@ -3,12 +3,13 @@ them: bfloat16 gradients within bfloat16 rounding of float32's (the weight
 sums accumulate in float32), vmap over replicas equal to each replica,
 `sorjax.unroll` running the layer exactly on its route (and returning what
 the plain scan does), and every gradient kept with the loops' per-step
-products in `layer_scan.step_product`'s transposed form. Each layer's own
+products in `layer_scan.step_product`'s gate-major form. Each layer's own
 module (tests/test_fused_*.py) checks its values against a NumPy loop of
 its equations, every gradient against autodiff, its memory and its
 argument errors."""
 
 import importlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -115,16 +116,17 @@ def test_unroll_runs_the_layer_exactly_on_its_route(key, H_, opts, expected,
                                       monkeypatch, **aux(key))
 
 
-def _nt_dots(cell, params, xs, G):
-  """The number of dots in the compiled training step (fused path) that
-  contract their right operand along its last axis: `step_product`'s
-  transposed form."""
+def _gate_major_dots(cell, params, xs, G):
+  """The number of dots in the compiled training step (fused path) in
+  `step_product`'s gate-major form: W^T by a^T, both contracted along
+  their last axis, giving y^T [N, B]."""
   def step(p, x):
     return jax.grad(lambda p, x: jnp.sum(sorjax.unroll(
         cell, p, x, fused_grad=True)[1] * G), (0, 1))(p, x)
   hlo = jax.jit(step).lower(params, xs).compile().as_text()
-  return sum(" dot(" in line and "rhs_contracting_dims={1}" in line
-             and "rhs_batch_dims" not in line for line in hlo.splitlines())
+  return sum(bool(" dot(" in line and re.search(rf"= f32\[\d+,{B}\]", line)
+                  and "lhs_contracting_dims={1}, rhs_contracting_dims={1}"
+                  in line) for line in hlo.splitlines())
 
 
 # The layers whose loops multiply by a weight matrix every step, the LSTM
@@ -136,12 +138,11 @@ STEP_PRODUCT_CASES = sorted(set(NO_AUX) - {"dyck_rnn", "tensor_rnn"}) + [
 
 
 @pytest.mark.parametrize("key", STEP_PRODUCT_CASES)
-def test_transposed_step_products_keep_every_gradient(key, monkeypatch):
+def test_gate_major_step_products_keep_every_gradient(key, monkeypatch):
   """With `layer_scan.step_product`'s size rule lowered to every weight,
-  the loops' per-step products read the transposed weights (more dots
-  contract the weight's last axis) and the fused path's values and
-  gradients to every parameter and the inputs still equal autodiff of the
-  plain scan."""
+  the loops' per-step products run gate-major (more dots give y^T
+  [N, B]) and the fused path's values and gradients to every parameter
+  and the inputs still equal autodiff of the plain scan."""
   if key in ("lstm", "mrnn"):
     hp = dict(intermediate_size=7) if key == "mrnn" else {}
     cell = sorjax.cells.make(key, hidden_size=H, **hp)
@@ -149,10 +150,9 @@ def test_transposed_step_products_keep_every_gradient(key, monkeypatch):
   else:
     cell, params = make(key)
   xs, G = normal(2, (B, T, D)), normal(5, (B, T, H))
-  plain = _nt_dots(cell, params, xs, G)
-  monkeypatch.setattr(layer_scan, "STEP_NT_ELEMS", 1)
-  monkeypatch.setattr(layer_scan, "STEP_NT_MIN_K", 1)
-  assert _nt_dots(cell, params, xs, G) > plain
+  plain = _gate_major_dots(cell, params, xs, G)
+  monkeypatch.setattr(layer_scan, "STEP_GATE_MAJOR_ELEMS", (1, 1))
+  assert _gate_major_dots(cell, params, xs, G) > plain
 
   def loss(fused_grad):
     def f(p, x):
