@@ -25,9 +25,9 @@ layouts"):
   fusion of ~120 us per step at B=32 H=256 (two threads); the map is ~20.
 - Two layouts. Batch-major (default below GATE_MAJOR_FROM): state h [B, H],
   z = h W_h [B, 4H], xp and ys used as they come; its per-step products
-  go through `layer_scan.step_product` like the other layers' (the plain
-  form in its default range, W_h being under that rule's size below
-  H = 512). Gate-major: state h^T [H, B], z^T = W_h^T h^T [4H, B], where
+  go through `layer_scan.step_product` like the other layers' (so they
+  too run gate-major where `layer_scan.gate_major_step` says so, e.g. at
+  B <= 32 from H = 256; 1.00x there on the Zen 4). Gate-major: state h^T [H, B], z^T = W_h^T h^T [4H, B], where
   XLA:CPU's per-step products run faster from H = 512 (B=64 H=512: 200 vs
   183 GFLOP/s forward). Its [4H, T, B] buffers keep time inside, so x^T
   [D, T*B] gives xp^T = W_x^T x^T in one matmul and the weight sums read
