@@ -322,6 +322,7 @@ def _fused_forward(loop, W, q, pp, seq, mask, carry, save):
   keep_z = loop.remat is not True  # remat=True recomputes z_t backwards
   Q2, q1 = _second(cell, q)
   rW = layer_scan.step_product(W)
+  uQ2 = None if Q2 is None else layer_scan.step_product(Q2)
 
   def body(carry, inp):
     s, m = inp
@@ -331,7 +332,7 @@ def _fused_forward(loop, W, q, pp, seq, mask, carry, save):
       (new, y), uv = loop.post(q, carry, xp, z, m), None
     else:  # post = post_second(.., u_t @ Q2); u_t and v_t are saved
       u = cell.second_input(q1, carry, xp, z)
-      v = u @ Q2
+      v = uQ2(u)
       (new, y), uv = _masked(m, *cell.post_second(q1, carry, xp, z, v),
                              carry), (u, v)
     if not save:
@@ -357,7 +358,8 @@ def _fused_bwd(loop, res, cot):
   cell = loop.cell
   Q2, q1 = _second(cell, q)
   rW, dzWt = layer_scan.step_product(W), layer_scan.step_product(W.T)
-  Q2t = None if Q2 is None else Q2.T
+  uQ2, dvQ2t = ((None, None) if Q2 is None else
+                (layer_scan.step_product(Q2), layer_scan.step_product(Q2.T)))
   us, vs = (None, None) if uvs is None else uvs
   # Residuals the backward consumes step by step are overwritten with the
   # cotangents of the same shape: dxp_t over xp_t (hoisted), dz_t over z_t,
@@ -379,7 +381,7 @@ def _fused_bwd(loop, res, cot):
     else:  # through post_second, then v_t = u_t Q2, then second_input
       if zs is None:  # remat: recompute u_t and v_t
         u = cell.second_input(q1, carry, xp, z)
-        v = u @ Q2
+        v = uQ2(u)
       else:
         v = b["v"]
       post = lambda q_, c_, xp_, z_, v_: _masked(
@@ -387,7 +389,7 @@ def _fused_bwd(loop, res, cot):
       _, pull = jax.vjp(post, q1, carry, xp, z, v)
       dq_t, d_prev, dxp, dz, dv = pull((d_carry, dy))
       _, pull_u = jax.vjp(cell.second_input, q1, carry, xp, z)
-      dq_u, d_prev_u, dxp_u, dz_u = pull_u(dv @ Q2t)  # through v = u Q2
+      dq_u, d_prev_u, dxp_u, dz_u = pull_u(dvQ2t(dv))  # through v = u Q2
       dq_t, d_prev = _tree_add(dq_t, dq_u), _tree_add(d_prev, d_prev_u)
       dxp, dz = _tree_add(dxp, dxp_u), dz + dz_u
     dr = dzWt(dz)  # through z = r W

@@ -408,6 +408,34 @@ def test_second_matmul_gradient_is_one_matmul_not_per_step(key):
   assert any(f in _dots(fused) for f in _row_sums(M, N))
 
 
+
+def test_generic_path_multiplies_every_step_through_step_product(
+    monkeypatch):
+  """The generic fused path's per-step products, z_t = h_{t-1} W and the
+  second matmul v_t = m_t Q2 forward, dz_t W^T and dv_t Q2^T backward, all
+  go through `layer_scan.step_product` (which picks their CPU layout):
+  recorded by the shapes of the weights it is given. general2, whose four
+  shapes differ (W = [C | E] is [H, M + H], Q2 = A [M, H]; mrnn's C and A
+  are each other's transposed shapes, so they could not tell)."""
+  key = "general2"
+  from sorjax import layer_scan
+  cell, params, xs, carry, faux, iaux = setup(key, dtype=jnp.float32)
+  W, q = cell.split(params)
+  Q2 = q[cell.second_matmul]
+  seen, real = [], layer_scan.step_product
+
+  def recording(w):
+    seen.append(tuple(w.shape))
+    return real(w)
+
+  monkeypatch.setattr(layer_scan, "step_product", recording)
+  w = jnp.ones((B, T, H), jnp.float32)
+  jax.make_jaxpr(jax.grad(loss_fn(cell, iaux, w, fused_grad=True)))(
+      params, xs, carry, faux)
+  expected = {W.shape, W.T.shape, Q2.shape, Q2.T.shape}
+  assert expected <= set(seen), (expected, seen)
+
+
 # ------------------------------------------------------------------ remat
 
 def _compiled(f, *args):
