@@ -92,6 +92,21 @@ def lstm_peer(impl, B, T, H, framework, **opts) -> Contender:
                    flops.train_flops("lstm", {"hidden_size": H}, H))
 
 
+def step_chains(cell: str, B: int, T: int, H: int
+                ) -> dict[tuple[int, int], Contender]:
+  """A chain of T dependent per-step products (JAX worker, forward only)
+  for each distinct shape of `flops.step_products` of `cell` at hidden
+  size H (the benchmark's hyperparameters), keyed by (K, N); empty for a
+  cell it does not count."""
+  hp = specs.cell_hparams(cell, H)
+  ps = flops.step_products(cell, hp, specs.input_size(cell, H)) or []
+  shapes = dict.fromkeys(k for p in ps for k in p)
+  return {(K, N): Contender(
+      f"stepmm-{K}x{N}", dict(impl="stepmm", framework="jax", B=B, T=T, H=H,
+                              K=K, N=N), "jax", 2 * K * N)
+          for K, N in shapes}
+
+
 def matmuls(n: int, torch_ok: bool) -> list[Contender]:
   out = [Contender("matmul-jax", dict(impl="matmul", framework="jax", n=n),
                    "jax", flops.matmul_flops(n))]

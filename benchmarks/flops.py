@@ -80,6 +80,57 @@ def _mm_products(D: int, H: int, K: int) -> list[tuple[int, int]]:
           (K * H, STATE)]                                 # the mixture, eq. 7
 
 
+def step_products(name: str, hp: dict, D: int
+                  ) -> list[tuple[tuple[int, int], tuple[int, int]]] | None:
+  """The weight products a training step runs in sequence, one per time
+  step, as sorjax's layers run them: for each state product of the
+  forward step, its shape (K, N) ([B, K] x [K, N]) and the shape of the
+  backward loop's product that carries dh back through it. The mixtures'
+  small products (attention_lstm's S*2H, mm_rnn's K*H) are left out, as
+  in `ceiling` they count with the rest. None for a cell whose step is no
+  such product (tensor_rnn, dyck_rnn, the trees) or is not counted here
+  (assignment_lstm, mm_lstm)."""
+  H = hp["hidden_size"]
+  M = hp.get("intermediate_size", H)
+  back = lambda ps: [(p, (p[1], p[0])) for p in ps]  # dz W^T: [N, K]
+  if name in ("rnn", "mi_rnn"):
+    return back([(H, H)])
+  if name in ("lstm", "mts_lstm"):
+    return back([(H, 4 * H)])
+  if name == "gru":
+    return back([(H, 3 * H)])
+  if name in ("general2", "mrnn"):                        # h [C | E], m A
+    use_E = hp.get("use_E", name == "general2")
+    return back([(H, M + (H if use_E else 0)), (M, H)])
+  if name == "mlstm":                                     # h W_mh, m W_m
+    return back([(H, M), (M, 4 * H)])
+  if name == "attention_lstm":                            # h [W_h[1] | ..]
+    return back([(H, hp["num_cells"] * 4 * H)])
+  if name == "mm_rnn":  # h [W[1] | ..]; back: dpre W[k]^T, [H, K*H] too
+    KH = hp.get("num_matrices", 4) * H
+    return [((H, KH), (H, KH))]
+  return None
+
+
+def ceiling(name: str, hp: dict, D: int, s: dict) -> float | None:
+  """The highest fraction of the roofline a training step of `name` can
+  reach when its per-step products (`step_products`) run at the fractions
+  s[(K, N)] measured for chains of them, every other product (the hoisted
+  input products, the weight gradients as one matmul each) at the
+  roofline, and the elementwise work takes no time. A target that needs
+  more is beyond what the measured products allow. None where a shape is
+  unmeasured or the cell uncounted."""
+  ps = step_products(name, hp, D)
+  if ps is None or any(not s.get(k) for p in ps for k in p):
+    return None
+  F = train_flops(name, hp, D)
+  t = F
+  for fwd, bwd in ps:
+    f = 2 * fwd[0] * fwd[1]  # FLOPs per token of each of the two products
+    t += f / s[fwd] - f + f / s[bwd] - f
+  return F / t
+
+
 def forward_macs(name: str, hp: dict, D: int) -> int:
   """Multiply-adds per token of one forward step of cell `name`."""
   return sum(m for m, _ in products(name, hp, D))

@@ -22,7 +22,7 @@ import numpy as np
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 import sorjax
-from sorjax import cells, small_loops
+from sorjax import cells, layer_scan, small_loops
 from sorjax.training import loop
 from benchmarks import naive, specs, worker
 
@@ -220,19 +220,32 @@ def cudnn_case(spec: dict) -> JaxCase:
 
 
 def stepmm_case(spec: dict) -> JaxCase:
-  """The recurrent matmul alone: T dependent [B, H] x [H, N] products in a
-  lax.scan (forward only; N = spec["N"], 4H by default), the floor under
-  the step of any cell that multiplies its state by an [H, N] matrix."""
+  """The recurrent matmul alone: T dependent [B, K] x [K, N] products in a
+  lax.scan (forward only; K = spec["K"], H by default; N = spec["N"], 4H
+  by default), each through `layer_scan.step_product` as sorjax's loops
+  multiply (its layout on CPU): the floor under the step of any cell that
+  multiplies its state by a [K, N] matrix. The next step's [B, K] is the
+  sum of the product's K-wide column blocks over sqrt(N / K) (N a
+  multiple of K) or the product tiled K / N times (K a multiple of N): it
+  needs every column, and its scale stays put (no denormals)."""
   B, T, H = spec["B"], spec["T"], spec["H"]
-  N = spec.get("N", 4 * H)
+  K, N = spec.get("K", H), spec.get("N", 4 * H)
+  if N % K and K % N:
+    raise ValueError(f"jax_worker: stepmm needs N a multiple of K or K of "
+                     f"N, got K={K} N={N}")
   kh, kw = jax.random.split(jax.random.key(0))
-  h0 = jax.random.normal(kh, (B, H), jnp.float32)
-  W = jax.random.normal(kw, (H, N), jnp.float32) / np.sqrt(H)
+  h0 = jax.random.normal(kh, (B, K), jnp.float32)
+  W = jax.random.normal(kw, (K, N), jnp.float32) / np.sqrt(K)
 
   def fn(h0, W):
+    times_W = layer_scan.step_product(W)
+
     def body(h, _):
-      z = (h @ W).reshape(B, N // H, H)
-      return 0.5 * jnp.sum(z, axis=1), None   # next step needs every column
+      z = times_W(h)
+      if N >= K:
+        z = jnp.sum(z.reshape(B, N // K, K), axis=1) * (K / N) ** 0.5
+        return z, None
+      return jnp.tile(z, (1, K // N)), None
     return jax.lax.scan(body, h0, None, length=T)[0]
 
   return JaxCase(fn, (h0, W), {"tokens_per_step": B * T})

@@ -5,7 +5,9 @@ A section builds its contenders, times them in groups (`Bench.group`), adds
 its tables to the report and records its targets: `section_lstm` (sorjax's
 LSTM against torch.nn.LSTM and flax), `section_gemm` (the per-step product,
 the ceiling of a step), `section_cells` (every cell against its naive form
-and a torch loop), `section_dyck` (the small-model regime and its replicas,
+and a torch loop; the LSTM's and each cell's groups also time chains of
+their per-step products, which give the step's *ceiling*,
+`flops.ceiling`), `section_dyck` (the small-model regime and its replicas,
 `replica_table`), `section_scaling`, `section_remat`, `section_fused`,
 `section_unroll`, `section_trees` and `section_gpu`. `RUNNERS` maps each
 name of `--sections` to its function.
@@ -18,7 +20,7 @@ from typing import Callable
 from benchmarks import flops, specs
 from benchmarks.bench import Bench
 from benchmarks.contenders import (Contender, lstm_peer, naive, sorjax,
-                                   torch_loop)
+                                   step_chains, torch_loop)
 from benchmarks.groups import Group
 from benchmarks.report import (Report, errors, f_mb, f_pct, f_rate, f_x,
                                roof_line, table)
@@ -39,18 +41,22 @@ def section_lstm(b: Bench, rep: Report):
     unhoisted = sorjax("lstm", B, T, H, hoist=False)
     autodiff = sorjax("lstm", B, T, H, fused_grad=False)
     cs = [torch_c, flax_c, ours, unhoisted, autodiff]
-    g = b.group(cs)
+    chains = step_chains("lstm", B, T, H)
+    g = b.group(cs + list(chains.values()))
+    ceil = _ceiling(g, "lstm", H, chains)
     rows = [[c.label, f_rate(c), f_pct(g.fraction(c)),
              f_x(g.ratio(c, torch_c)), f_x(g.ratio(c, flax_c)),
              f_mb(c.peak_mb)] for c in cs]
     rep.add(f"### {_shape((B, T, H))}\n\n{roof_line(g)}\n\n" + table(
         ["implementation", "tokens/s", "% roofline", "vs torch.nn.LSTM",
-         "vs flax", "peak memory"], rows) + _errs(cs))
+         "vs flax", "peak memory"], rows) + "\n\n"
+        + _ceiling_text(g, chains, ceil) + _errs(cs + list(chains.values())))
     best = max([ours, unhoisted, autodiff], key=lambda c: c.rate or 0)
     fast.append((B, T, H, g.ratio(ours, torch_c), g.ratio(best, torch_c),
-                 best, _needs(g, ours, torch_c, 1.0), (ours, torch_c, 1.0)))
+                 best, _needs(g, ours, torch_c, 1.0, ceil),
+                 (ours, torch_c, 1.0)))
     flax_ok.append((B, T, H, g.ratio(ours, flax_c),
-                    _needs(g, ours, flax_c, 1.3), (ours, flax_c, 1.3)))
+                    _needs(g, ours, flax_c, 1.3, ceil), (ours, flax_c, 1.3)))
   for B, T, H, r, rb, best, need, pool in fast:
     rep.target(f"lstm >= 1.0x torch.nn.LSTM at {_shape((B, T, H))}",
                None if r is None else r >= 1.0,
@@ -60,14 +66,48 @@ def section_lstm(b: Bench, rep: Report):
                None if r is None else r >= 1.3, f_x(r) + need, pool)
 
 
-def _needs(g: "Group", ours: Contender, peer: Contender, x: float) -> str:
+def _needs(g: "Group", ours: Contender, peer: Contender, x: float,
+           ceil: float | None = None) -> str:
   """What a ">= x times the peer" target asks in roofline terms: x times
-  the peer's fraction of the roofline (same FLOPs per token), next to ours.
-  Above 100% the target needs a faster matmul than the roofline's."""
+  the peer's fraction of the roofline (same FLOPs per token), next to ours
+  and, if measured, the cell's ceiling (`_ceiling`). Above 100% the target
+  needs a faster matmul than the roofline's."""
   fp, fo = g.fraction(peer), g.fraction(ours)
   if fp is None or fo is None:
     return ""
-  return f"; needs {f_pct(x * fp)} of the roofline, is at {f_pct(fo)}"
+  return (f"; needs {f_pct(x * fp)} of the roofline, is at {f_pct(fo)}"
+          + _against_ceiling(x * fp, ceil))
+
+
+def _against_ceiling(need: float | None, ceil: float | None) -> str:
+  if ceil is None:
+    return ""
+  return f", ceiling {f_pct(ceil)}" + (
+      " (beyond the ceiling)" if need is not None and need > ceil else "")
+
+
+def _ceiling(g: "Group", cell: str, H: int,
+             chains: dict[tuple[int, int], Contender]) -> float | None:
+  """`flops.ceiling` of cell at hidden size H from the fractions of the
+  roofline its per-step product chains (`step_chains`) reached in g."""
+  hp = specs.cell_hparams(cell, H)
+  return flops.ceiling(cell, hp, specs.input_size(cell, H),
+                       {k: g.fraction(c) for k, c in chains.items()})
+
+
+def _ceiling_text(g: "Group", chains: dict, ceil: float | None) -> str:
+  """One sentence: the chains' fractions of the roofline and the ceiling
+  they put on the cell's training step."""
+  if not chains:
+    return ""
+  parts = ", ".join(f"[{K}, {N}] {f_pct(g.fraction(c))}"
+                    for (K, N), c in chains.items())
+  return ("Per-step products alone (T dependent products in a scan, "
+          "through `layer_scan.step_product` as the loops run them; "
+          f"forward and backward shapes): {parts} of the roofline. With "
+          "those products at these rates, every other product at the "
+          "roofline and the elementwise work free, a training step would "
+          f"reach {f_pct(ceil)} of the roofline: the *ceiling*.")
 
 
 def section_gemm(b: Bench, rep: Report):
@@ -75,7 +115,9 @@ def section_gemm(b: Bench, rep: Report):
           "[B, H] by [H, N], T times in sequence: N = 4H in the LSTM (and "
           "mlstm's m_t W_m, mm_rnn's h [W | P_h]), N = H in rnn, mi_rnn, "
           "mrnn, general2 and mlstm's h_{t-1} W_mh. Timed alone (forward "
-          "only, the product feeding the next step), in XLA and in torch, "
+          "only, the product feeding the next step), in XLA (through "
+          "`layer_scan.step_product`, in the layout sorjax's loops use) "
+          "and in torch, "
           "next to the LSTMs (fwd + bwd): an LSTM step can be no faster "
           "than its framework's per-step product, except where the "
           "framework keeps the weights packed across steps, and a cell "
@@ -115,7 +157,14 @@ def section_cells(b: Bench, rep: Report):
           "to it measured 235-310 GFLOP/s against 361-442 elsewhere "
           "(session 10), so the groups that give '% "
           "roofline' (sorjax, its torch loop, the two matmuls) hold no "
-          "naive form.")
+          "naive form. 'ceiling' is the fraction of the roofline a "
+          "training step of the cell could reach with its per-step "
+          "products at the rates that chains of them (forward and backward "
+          "shapes, `benchmarks.flops.step_products`) reached in the cell's "
+          "group, every other product at the roofline and the elementwise "
+          "work free (`benchmarks.flops.ceiling`); '-' where the cell's "
+          "step is not counted so (tensor_rnn, dyck_rnn, assignment_lstm, "
+          "mm_lstm, mix=gates).")
   budget = int(b.args.mem_budget_gb * 2 ** 30)
   for (B, T, H) in b.profile.cell_shapes:
     rows, all_cs = [], []
@@ -130,8 +179,10 @@ def section_cells(b: Bench, rep: Report):
         if name in specs.TORCH_LOOP and not v:
           loop = torch_loop(name, B, T, H)
           cs.append(loop)
-        g = b.group(cs)
-        all_cs += cs
+        chains = {} if v else step_chains(name, B, T, H)
+        g = b.group(cs + list(chains.values()))
+        ceil = _ceiling(g, name, H, chains) if chains else None
+        all_cs += cs + list(chains.values())
         nv = gn = mate = None
         mix_states = (name == "attention_lstm"
                       and ours.spec["hparams"].get("mix", "states") == "states")
@@ -146,7 +197,7 @@ def section_cells(b: Bench, rep: Report):
         rows.append([
             ours.label.replace("sorjax ", ""),
             flops.fmt_flops(ours.flops_per_token), f_rate(ours),
-            f_pct(g.fraction(ours)),
+            f_pct(g.fraction(ours)), f_pct(ceil),
             "-" if nv is None else f_x(vs_naive),
             "-" if mem_ratio is None else f"{mem_ratio:.1f}x",
             "-" if loop is None else f_x(g.ratio(ours, loop)),
@@ -158,26 +209,30 @@ def section_cells(b: Bench, rep: Report):
             "-" if loop is None else f_mb(loop.peak_mb),
             f"{g.roof_gflops()['roofline'] or 0:.0f}"])
         if H == 512 and name in specs.TARGET_CELLS:
-          _cell_targets(rep, name, ours, nv, vs_naive, loop, g, mem_ratio, v)
+          _cell_targets(rep, name, ours, nv, vs_naive, loop, g, mem_ratio, v,
+                        ceil)
     rep.add(f"### {_shape((B, T, H))}\n\n" + table(
-        ["cell", "FLOP/token", "tokens/s", "% roofline", "vs naive",
+        ["cell", "FLOP/token", "tokens/s", "% roofline", "ceiling",
+         "vs naive",
          "naive mem", "vs torch loop", "peak memory", "naive tokens/s",
          "naive T", "naive peak", "torch loop tokens/s", "torch loop peak",
          "roofline GFLOP/s"], rows) + _errs(all_cs))
 
 
 def _cell_targets(rep, name, ours, nv, vs_naive, loop, g, mem_ratio,
-                  variant):
+                  variant, ceil=None):
   tag = name + (" [mix=gates]" if variant else "")
   if not variant:
     f = g.fraction(ours)
     rep.target(f"{tag} >= 70% of roofline at H=512",
-               None if f is None else f >= 0.7, f_pct(f), frac=(g, ours))
+               None if f is None else f >= 0.7,
+               f_pct(f) + _against_ceiling(0.7, ceil), frac=(g, ours))
     if loop is not None:
       r = g.ratio(ours, loop)
       rep.target(f"{tag} >= 2x torch Python loop at H=512",
                  None if r is None else r >= 2.0,
-                 f_x(r) + _needs(g, ours, loop, 2.0), (ours, loop, 2.0))
+                 f_x(r) + _needs(g, ours, loop, 2.0, ceil),
+                 (ours, loop, 2.0))
   if nv is not None:
     r = vs_naive
     rep.target(f"{tag} >= 10x its naive form at H=512",

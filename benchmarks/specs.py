@@ -58,6 +58,8 @@ def label(spec: dict) -> str:
   impl = spec["impl"]
   if impl == "matmul":
     return f"{spec['framework']} matmul {spec['n']}^3"
+  if impl == "stepmm" and "K" in spec:  # a cell's per-step product chain
+    return f"XLA per-step [{spec['K']}, {spec['N']}] product (fwd)"
   base = {
       "sorjax": "sorjax {cell}",
       "naive": "naive {cell}",

@@ -71,6 +71,57 @@ def test_flops_hand_counts():
   assert flops.matmul_flops(2048) == 2 * 2048 ** 3
 
 
+def test_step_products_and_ceiling_hand_counts():
+  # mRNN H=4, M=5: C [4, 5] and A [5, 4] forward, dz C^T [5, 4] and
+  # dv A^T [4, 5] backward; mm_rnn's backward products are [H, K H] too.
+  mrnn = {"hidden_size": 4, "intermediate_size": 5}
+  assert flops.step_products("mrnn", mrnn, 3) == [((4, 5), (5, 4)),
+                                                  ((5, 4), (4, 5))]
+  assert flops.step_products("mm_rnn", {"hidden_size": 2,
+                                        "num_matrices": 4}, 3) == [
+      ((2, 8), (2, 8))]
+  assert flops.step_products("general2", mrnn, 3)[0] == ((4, 9), (9, 4))
+  assert flops.step_products("tensor_rnn", {"hidden_size": 3}, 2) is None
+  # LSTM D = H = 1: training does 2 (2 * 4 + 3 * 4) = 40 FLOPs a token
+  # (the formula above), 16 of them in the two per-step products (8 each).
+  # At s = 1/2 forward and 1/4 backward those take 16 + 32 = 48
+  # roofline-FLOP units, the other 24 FLOPs 24: 40 / 72 of the roofline.
+  lstm = {"hidden_size": 1}
+  assert flops.train_flops("lstm", lstm, 1) == 40
+  assert flops.ceiling("lstm", lstm, 1, {(1, 4): 0.5, (4, 1): 0.25}) == \
+      pytest.approx(40 / 72)
+  # at the roofline the ceiling is the roofline; unmeasured: none
+  assert flops.ceiling("lstm", lstm, 1, {(1, 4): 1, (4, 1): 1}) == 1
+  assert flops.ceiling("lstm", lstm, 1, {(1, 4): 0.5}) is None
+  assert flops.ceiling("dyck_rnn", {"hidden_size": 2}, 2, {}) is None
+
+
+@pytest.mark.parametrize("K,N", [(4, 16), (16, 4), (8, 8)])
+def test_stepmm_chain_multiplies_k_by_n_every_step(K, N):
+  """The chain's worker case: T dependent [B, K] x [K, N] products, the
+  next step's input the column blocks' scaled sum or the tiled product,
+  against a NumPy loop."""
+  from benchmarks import jax_worker
+  B, T = 3, 4
+  case = jax_worker.stepmm_case(dict(B=B, T=T, H=8, K=K, N=N))
+  h0, W = (np.asarray(a, np.float64) for a in case.args)
+  h = h0
+  for _ in range(T):
+    z = h @ W
+    h = (z.reshape(B, N // K, K).sum(1) * (K / N) ** 0.5 if N >= K
+         else np.tile(z, (1, K // N)))
+  np.testing.assert_allclose(case.compiled(*case.args), h, rtol=1e-4,
+                             atol=1e-5)
+  assert specs.label(dict(impl="stepmm", framework="jax", B=B, T=T, H=8,
+                          K=K, N=N)) == f"XLA per-step [{K}, {N}] product (fwd)"
+
+
+def test_stepmm_chain_refuses_shapes_it_cannot_chain():
+  from benchmarks import jax_worker
+  with pytest.raises(ValueError, match="K=6 N=4"):
+    jax_worker.stepmm_case(dict(B=2, T=2, H=4, K=6, N=4))
+
+
 def test_jax_step_forms_no_input_gradient():
   """train_flops counts no dx of the inputs: the JAX workers' step of
   y = x W compiles to the one product dW = x^T G."""
@@ -556,7 +607,8 @@ def test_a_run_whose_workers_fail_says_so_and_exits_1(tmp_path, monkeypatch,
 # test checking its sections' part of it: one set of workers, one report
 # header (FMA peak, placement probe), where four runs started their own.
 # --cells lstm,mrnn: fused times lstm (and mrnn), cells mrnn (and lstm).
-JAX_RUN = ["--smoke", "--no-torch", "--sections", "gemm,fused,remat,cells,dyck",
+JAX_RUN = ["--smoke", "--no-torch", "--sections",
+           "lstm,gemm,fused,remat,cells,dyck",
            "--cells", "lstm,mrnn"]
 # its tests on one worker, which makes the run once (--dist loadgroup)
 jax_run_group = pytest.mark.xdist_group("test_benchmarks_smoke.jax_run")
@@ -704,13 +756,16 @@ def test_smoke_run_fused_and_remat(jax_run):
 @jax_run_group
 def test_smoke_run_cells_keeps_naive_forms_out_of_the_roofline_group(
     jax_run):
-  """The cell's roofline group holds the two matmuls, sorjax's cell and its
-  torch loop; its naive form is timed in a second group beside another
-  copy of the cell, which gives the 'vs naive' ratio."""
+  """The cell's roofline group holds the two matmuls, sorjax's cell, its
+  torch loop and the chain of its per-step product (mrnn's C [H, M] and
+  A [M, H], forward and backward, are all [8, 8] at H = M = 8); its naive
+  form is timed in a second group beside another copy of the cell, which
+  gives the 'vs naive' ratio."""
   assert jax_run.code == 0
   i, main = jax_run.group("torch loop mrnn")
   j, beside = jax_run.group("naive mrnn")
-  assert set(main) == {"sorjax mrnn", "torch loop mrnn"}
+  assert set(main) == {"sorjax mrnn", "torch loop mrnn",
+                       "XLA per-step [8, 8] product (fwd)"}
   assert set(beside) == {"sorjax mrnn", "naive mrnn"}
   assert jax_run.raw[i]["roofline_gflops"]["jax"] > 0
   assert jax_run.raw[j]["roofline_gflops"]["roofline"] is None
@@ -721,8 +776,30 @@ def test_smoke_run_cells_keeps_naive_forms_out_of_the_roofline_group(
   assert main["torch loop mrnn"]["error"].startswith("skipped")
   (row,) = [ln for ln in jax_run.section("Every cell").splitlines()
             if ln.startswith("| mrnn |")]
-  vs_naive = row.split("|")[5].strip()
+  cols = [c.strip() for c in row.split("|")]
+  vs_naive = cols[6]
   assert vs_naive.endswith("x") and float(vs_naive[:-1]) > 0
+  # the ceiling column: flops.ceiling of the chain's fraction in the group
+  s = main["XLA per-step [8, 8] product (fwd)"]["fraction"]
+  hp = specs.cell_hparams("mrnn", 8)
+  assert cols[5] == f"{100 * flops.ceiling('mrnn', hp, 8, {(8, 8): s}):.0f}%"
+
+
+@jax_run_group
+def test_smoke_run_lstm_groups_time_its_per_step_chains(jax_run):
+  """Each LSTM group times chains of the LSTM's per-step products, h W_h
+  ([H, 4H]) and dz W_h^T ([4H, H]), and its targets give the ceiling
+  they put on its step."""
+  assert jax_run.code == 0
+  _, g = jax_run.group("flax OptimizedLSTMCell", "sorjax lstm [hoist=False]")
+  for K, N in ((8, 32), (32, 8)):
+    c = g[f"XLA per-step [{K}, {N}] product (fwd)"]
+    assert c["error"] is None and all(r > 0 for r in c["rates"])
+    assert c["flops_per_token"] == 2 * K * N
+  assert "the *ceiling*" in jax_run.section("LSTM against")
+  (row,) = [ln for ln in jax_run.text.splitlines()
+            if ln.startswith("| lstm >= 1.3x flax")]
+  assert ", ceiling " in row
 
 
 @needs_torch
