@@ -396,3 +396,37 @@ def test_step_product_is_a_times_W_in_the_layout_of_its_size(rows, K, N,
   assert f"= {shape}" in dots[0], dots
   assert ("lhs_contracting_dims={1}, rhs_contracting_dims={1}"
           in dots[0]) == gate_major, dots
+
+
+@pytest.mark.parametrize("platform,gate_major", [
+    ("cpu", True), ("cuda", False), ("tpu", False)])
+def test_step_product_is_gate_major_on_cpu_only(platform, gate_major):
+  """A weight within the gate-major rule lowers to the barrier-kept y^T
+  product for CPU and to the plain a @ W for GPU and TPU
+  (`jax.lax.platform_dependent`), exported without either device."""
+  W = jnp.ones((512, 1024), jnp.float32)
+  a = jnp.ones((8, 512), jnp.float32)
+  assert gate_major_step(8, 512, 1024)
+  exp = jax.export.export(jax.jit(lambda W, a: step_product(W)(a)),
+                          platforms=[platform])(W, a)
+  assert ("optimization_barrier" in exp.mlir_module()) == gate_major
+
+
+def test_gate_major_step_product_under_vmap_and_grad(monkeypatch):
+  """Per-replica weights (vmap, as the training loop's replicas) with every
+  product gate-major: values and gradients equal a @ W's."""
+  from sorjax import layer_scan
+  monkeypatch.setattr(layer_scan, "STEP_GATE_MAJOR_ELEMS", (1, 1))
+  rng = np.random.default_rng(3)
+  W = jnp.asarray(rng.standard_normal((3, 5, 7)), jnp.float32)
+  a = jnp.asarray(rng.standard_normal((3, 4, 5)), jnp.float32)
+
+  def f(prod):
+    return jax.jit(jax.vmap(jax.value_and_grad(
+        lambda W, a: jnp.sum(jnp.tanh(prod(W, a))), (0, 1))))
+
+  (v, g) = f(lambda W, a: step_product(W)(a))(W, a)
+  (v_ref, g_ref) = f(lambda W, a: a @ W)(W, a)
+  np.testing.assert_allclose(v, v_ref, rtol=1e-5)
+  for x, y in zip(g, g_ref):
+    np.testing.assert_allclose(x, y, rtol=1e-5, atol=1e-6)
