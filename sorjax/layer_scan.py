@@ -332,10 +332,11 @@ def step_product(W):
     64 x 64 x 256, 32 x 32 x 128          0.95-1.02x
     10 x 12 x 48                          0.63x
 
-  Whole training steps gained up to 1.38x at B = 32 and 1.13x at B = 64
-  with H = 1024, but lost 2-4% at B = 128 and at B = 64 with weights under
-  1M elements (BUILD_NOTES, "Per-step products gate-major"), hence the
-  bounds of `gate_major_step`. A backward product by W^T is
+  On that machine whole training steps gained up to 1.38x at B = 32 and
+  1.13x at B = 64 with H = 1024, but lost 2-4% at B = 128 and at B = 64
+  with weights under 1M elements, hence the bounds of `gate_major_step`;
+  on a Zen 4 (AVX-512) 1.09-1.30x at B=32 T=200 H=1024 and within the
+  noise at H <= 512 (BUILD_NOTES, "Per-step products gate-major"). A backward product by W^T is
   step_product(W.T): it reads W itself (the two transposes cancel). Other
   platforms multiply a @ W, whose dots take any layout
   (`jax.lax.platform_dependent`; on CPU only the gate-major branch is
