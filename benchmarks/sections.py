@@ -42,7 +42,8 @@ def section_lstm(b: Bench, rep: Report):
     autodiff = sorjax("lstm", B, T, H, fused_grad=False)
     cs = [torch_c, flax_c, ours, unhoisted, autodiff]
     chains = step_chains("lstm", B, T, H)
-    g = b.group(cs + list(chains.values()))
+    timed = cs + list(chains.values())
+    g = b.group(timed)
     ceil = _ceiling(g, "lstm", H, chains)
     rows = [[c.label, f_rate(c), f_pct(g.fraction(c)),
              f_x(g.ratio(c, torch_c)), f_x(g.ratio(c, flax_c)),
@@ -50,7 +51,7 @@ def section_lstm(b: Bench, rep: Report):
     rep.add(f"### {_shape((B, T, H))}\n\n{roof_line(g)}\n\n" + table(
         ["implementation", "tokens/s", "% roofline", "vs torch.nn.LSTM",
          "vs flax", "peak memory"], rows) + "\n\n"
-        + _ceiling_text(g, chains, ceil) + _errs(cs + list(chains.values())))
+        + _ceiling_text(g, chains, ceil) + _errs(timed))
     best = max([ours, unhoisted, autodiff], key=lambda c: c.rate or 0)
     fast.append((B, T, H, g.ratio(ours, torch_c), g.ratio(best, torch_c),
                  best, _needs(g, ours, torch_c, 1.0, ceil),
@@ -180,9 +181,10 @@ def section_cells(b: Bench, rep: Report):
           loop = torch_loop(name, B, T, H)
           cs.append(loop)
         chains = {} if v else step_chains(name, B, T, H)
-        g = b.group(cs + list(chains.values()))
+        timed = cs + list(chains.values())
+        g = b.group(timed)
         ceil = _ceiling(g, name, H, chains) if chains else None
-        all_cs += cs + list(chains.values())
+        all_cs += timed
         nv = gn = mate = None
         mix_states = (name == "attention_lstm"
                       and ours.spec["hparams"].get("mix", "states") == "states")

@@ -336,11 +336,11 @@ def step_product(W):
   1.13x at B = 64 with H = 1024, but lost 2-4% at B = 128 and at B = 64
   with weights under 1M elements, hence the bounds of `gate_major_step`;
   on a Zen 4 (AVX-512) 1.09-1.30x at B=32 T=200 H=1024 and within the
-  noise at H <= 512 (BUILD_NOTES, "Per-step products gate-major"). A backward product by W^T is
-  step_product(W.T): it reads W itself (the two transposes cancel). Other
-  platforms multiply a @ W, whose dots take any layout
-  (`jax.lax.platform_dependent`; on CPU only the gate-major branch is
-  compiled)."""
+  noise at H <= 512 (BUILD_NOTES, "Per-step products gate-major"). A
+  backward product by W^T is step_product(W.T): it reads W itself (the two
+  transposes cancel). Other platforms multiply a @ W, whose dots take any
+  layout (`jax.lax.platform_dependent`; on CPU only the gate-major branch
+  is compiled)."""
   K, N = W.shape
   Wt = W.T  # unused (and dropped by XLA) where no product is gate-major
 

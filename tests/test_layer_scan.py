@@ -275,9 +275,14 @@ def _cpu_operands():
   return jnp.ones((6, 5, 8)), jnp.ones((6, 5, 3)), jnp.ones((6, 5, 7))
 
 
-def _compiled_dots(f, *args):
-  """The dot instructions of f compiled for args."""
-  hlo = jax.jit(f).lower(*args).compile().as_text()
+def _compiled_hlo(f, *args):
+  """The text of f compiled for args."""
+  return jax.jit(f).lower(*args).compile().as_text()
+
+
+def _compiled_dots(f, *args, hlo=None):
+  """The dot instructions of f compiled for args (or of hlo, its text)."""
+  hlo = _compiled_hlo(f, *args) if hlo is None else hlo
   return [line for line in hlo.splitlines() if " dot(" in line]
 
 
@@ -388,9 +393,9 @@ def test_step_product_is_a_times_W_in_the_layout_of_its_size(rows, K, N,
     return jax.lax.fori_loop(0, 3, lambda _, h: jnp.tanh(widen(times_W(h))),
                              a)
 
-  hlo = jax.jit(loop).lower(W, a).compile().as_text()
+  hlo = _compiled_hlo(loop, W, a)
   assert "conditional" not in hlo
-  dots = [line for line in hlo.splitlines() if " dot(" in line]
+  dots = _compiled_dots(loop, hlo=hlo)
   assert len(dots) == 1, dots
   shape = f"f32[{N},{rows}]" if gate_major else f"f32[{rows},{N}]"
   assert f"= {shape}" in dots[0], dots
