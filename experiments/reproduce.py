@@ -128,12 +128,25 @@ def train(ctx: Context, name: str, config: str, string: str,
   return wd
 
 
+def _selection(wd: str) -> tuple[str, str]:
+  """(metric, mode) the run in `wd` selected its best checkpoint by: its
+  config.json's selection, ("loss", "min") without one (older runs)."""
+  from sorjax.runs import read_config_json
+  path = os.path.join(wd, "config.json")
+  sel = (read_config_json(path).get("selection")
+         if os.path.exists(path) else None) or {}
+  return sel.get("metric", "loss"), sel.get("mode", "min")
+
+
 def per_replica(wd: str, select: str | None = None, report: str = "test"
                 ) -> list[dict]:
-  """Per replica: the `report` split's metrics at the epoch of the lowest
-  `select` loss (default: the "dev" or "valid" split), with that epoch
-  (`best_epoch`) and the epochs run."""
+  """Per replica: the `report` split's metrics at the epoch whose `select`
+  split (default: the "dev" or "valid" split) was best by the run's
+  selection (config.json's selection.metric / mode: the lowest loss unless
+  the run chose otherwise, as Le & Zuidema's highest dev accuracy), with
+  that epoch (`best_epoch`) and the epochs run."""
   from sorjax.training.metrics import read_metrics
+  metric, mode = _selection(wd)
   recs = read_metrics(wd)
   splits = {r["split"] for r in recs}
   if select is None:
@@ -145,7 +158,10 @@ def per_replica(wd: str, select: str | None = None, report: str = "test"
   replicas = sorted({int(r["replica"]) for r in recs if r["split"] == select})
   for r in replicas:
     sel = [x for x in recs if x["split"] == select and x["replica"] == r]
-    best = min(sel, key=lambda x: x["loss"])
+    if any(metric not in x for x in sel):
+      raise ReproduceError(f"{wd}/metrics.jsonl: the {select!r} records lack "
+                           f"{metric!r}, the run's selection.metric")
+    best = (min if mode == "min" else max)(sel, key=lambda x: x[metric])
     rep = [x for x in recs if x["split"] == report and x["replica"] == r
            and x["step"] == best["step"]]
     if not rep:

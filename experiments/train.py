@@ -222,9 +222,10 @@ def _check_sections(config) -> None:
 
 
 def _check_stopping(config) -> None:
-  """plateau.*, early_stopping.*, nt_asgd.nonmono, train.max_steps (each a
-  ValueError naming the field)."""
-  from sorjax.training.optim import EarlyStopping, Plateau
+  """selection.*, plateau.*, early_stopping.*, nt_asgd.nonmono,
+  train.max_steps (each a ValueError naming the field)."""
+  from sorjax.training.optim import EarlyStopping, Plateau, check_selection
+  check_selection(config.selection.metric, config.selection.mode)
   check_bool("plateau.enabled", config.plateau.enabled, error=ValueError)
   Plateau(config.plateau.factor, config.plateau.patience)
   es = config.early_stopping

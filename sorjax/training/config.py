@@ -24,6 +24,11 @@ def base_config() -> ml_collections.ConfigDict:
                                              patience=3))
   c.early_stopping = ml_collections.ConfigDict(dict(patience=None,
                                                      stop_below=None))
+  # The first eval split's metric that picks the best checkpoint and whose
+  # lack of improvement early stopping counts: "loss" / "min" by default;
+  # e.g. "accuracy" / "max" (Le & Zuidema stop on development accuracy).
+  # Plateau, NT-ASGD and early_stopping.stop_below follow the loss.
+  c.selection = ml_collections.ConfigDict(dict(metric="loss", mode="min"))
   c.nt_asgd = ml_collections.ConfigDict(dict(nonmono=5))
   c.temperature = ml_collections.ConfigDict(dict(
       init=1.0, decay=1.0, per="epoch", floor=0.0, eval_value=None))

@@ -38,9 +38,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sorjax.training import asgd, interrupt
 from sorjax.training.checkpoint import Checkpointer
+from sorjax.training.config import base_config
 from sorjax.training.metrics import MetricWriter
-from sorjax.training.optim import EarlyStopping, Plateau, make_optimizer, \
-    set_hyperparam
+from sorjax.training.optim import EarlyStopping, Plateau, better, \
+    check_selection, make_optimizer, set_hyperparam, worst
 from sorjax.training.schedules import TemperatureSchedule
 
 
@@ -83,16 +84,20 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_changes(saved: dict, given: dict) -> list[str]:
   """The fields, outside RESUMABLE, whose values differ between the saved
-  config and the given one, as 'path: saved -> given'."""
+  config and the given one, as 'path: saved -> given'. A field of
+  `base_config()` that the saved config lacks (one added since that run,
+  such as selection.*) reads as its default, which is what that run did."""
   a = _flat(saved)
   b = _flat(json.loads(json.dumps(given)))  # tuples as the saved lists
   absent = "(absent)"
+  defaults = _flat(json.loads(json.dumps(base_config().to_dict())))
   out = []
   for path in sorted(set(a) | set(b)):
     if any(path == r or path.startswith(r + ".") for r in RESUMABLE):
       continue
-    if a.get(path, absent) != b.get(path, absent):
-      out.append(f"{path}: {a.get(path, absent)!r} -> {b.get(path, absent)!r}")
+    was = a.get(path, defaults.get(path, absent))
+    if was != b.get(path, absent):
+      out.append(f"{path}: {was!r} -> {b.get(path, absent)!r}")
   return out
 
 
@@ -322,6 +327,8 @@ class Trainer:
   def run(self) -> TrainState:
     cfg, task = self.config, self.task
     tcfg = cfg.train
+    _, mode = self.selection
+    self._check_selection_metric()
     os.makedirs(self.workdir, exist_ok=True)
     ckpt = Checkpointer(self.workdir, keep=tcfg.keep_checkpoints)
     if ckpt.latest_step() is not None:
@@ -336,10 +343,11 @@ class Trainer:
       task.vocab.save(os.path.join(self.workdir, "vocab.json"))
 
     state = self.init_state()
+    # best_mean: the best mean over replicas of the selection metric
     meta = {"epoch": 0, "position": None, "stopped_early": False,
             "early": [None] * self.R, "plateau": None,
             "asgd_losses": [[] for _ in range(self.R)],
-            "best_loss": [math.inf] * self.R, "best_mean": math.inf}
+            "best_loss": [math.inf] * self.R, "best_mean": worst(mode)}
     if ckpt.latest_step() is not None:
       step0, state, meta = ckpt.restore(state, "latest")
       logging.info("resumed from %s/checkpoints/%d (epoch %d)",
@@ -351,7 +359,7 @@ class Trainer:
       ckpt.close()
       return state
 
-    early = [EarlyStopping(cfg.early_stopping.patience)
+    early = [EarlyStopping(cfg.early_stopping.patience, mode=mode)
              if cfg.early_stopping.patience else None for _ in range(self.R)]
     for e, d in zip(early, meta["early"]):
       if e is not None and d is not None:
@@ -473,10 +481,31 @@ class Trainer:
       writer.close()
     return state
 
+  @property
+  def selection(self) -> tuple[str, str]:
+    """(metric, mode) of config.selection; ("loss", "min") for a config
+    built before it existed."""
+    sel = self.config.get("selection") or {}
+    metric, mode = sel.get("metric", "loss"), sel.get("mode", "min")
+    check_selection(metric, mode)
+    return metric, mode
+
+  def _check_selection_metric(self) -> None:
+    """selection.metric against the task's `metric_names()` (when it
+    declares them), before any training: a ConfigError naming the field."""
+    names = getattr(self.task, "metric_names", None)
+    metric = self.selection[0]
+    if names is not None and metric not in names():
+      from sorjax.training.tasks.common import ConfigError
+      raise ConfigError(
+          f"selection.metric={metric!r} is not among the metrics "
+          f"{self.task.name} evaluates: {sorted(names())}")
+
   def _end_of_epoch(self, state, step, epoch, writer, ckpt, early, triggers,
                     plateau_state, meta) -> tuple[bool, list[bool]]:
     """Evaluates every replica; returns (stop, start NT-ASGD per replica)."""
     cfg, task = self.config, self.task
+    metric, mode = self.selection
     tau_eval = float(self.temperature.evaluation(step, epoch - 1))
     stops, start_avg, mains = [], [], []
     host = jax.device_get(state)
@@ -496,14 +525,20 @@ class Trainer:
         if extra:
           writer.write(step, "epoch_metrics", {**extra, "replica": r,
                                                "epoch": epoch})
-      main = results[task.eval_splits()[0]]["loss"]
+      first = results[task.eval_splits()[0]]
+      main = first["loss"]
       logging.info("epoch %d replica %d: %s", epoch, r,
                    {s: {k: round(float(v), 4) for k, v in d.items()}
                     for s, d in results.items()})
       if not math.isfinite(main):
         raise NonFiniteLossError(
             f"non-finite validation loss after epoch {epoch} (replica {r})")
-      mains.append(main)
+      chosen = _selected(first, metric, task.eval_splits()[0])
+      if not math.isfinite(chosen):
+        raise NonFiniteLossError(
+            f"non-finite validation {metric} (selection.metric) after epoch "
+            f"{epoch} (replica {r})")
+      mains.append(chosen)
       meta["best_loss"][r] = min(meta["best_loss"][r], main)
       if plateau_state is not None:
         plateau_state[r] = self.plateau.update(plateau_state[r], main)
@@ -514,12 +549,13 @@ class Trainer:
         logging.info("replica %d: NT-ASGD starts averaging at epoch %d",
                      r, epoch)
       start_avg.append(fire)
-      stop_r = early[r].update(main)[1] if early[r] else False
+      stop_r = early[r].update(chosen)[1] if early[r] else False
       below = cfg.early_stopping.get("stop_below")
       stops.append(stop_r or (below is not None and main < below))
-    # Best checkpoint: this epoch's main loss, averaged over replicas.
+    # Best checkpoint: this epoch's selection metric (the loss unless
+    # selection.metric says otherwise), averaged over replicas.
     mean_now = float(np.mean(mains))
-    if mean_now < meta["best_mean"]:
+    if better(mode, mean_now, meta["best_mean"]):
       meta["best_mean"] = mean_now
       ckpt.save_best(step, host, dict(meta, epoch=epoch, position=None,
                                       config=_to_dict(cfg)))
@@ -537,6 +573,16 @@ class Trainer:
       state = state.replace(opt_state=self._place_state(
           jax.tree_util.tree_map(lambda *a: jnp.stack(a), *per)))
     return state
+
+
+def _selected(results: dict, metric: str, split: str) -> float:
+  """results[metric], or a ConfigError naming selection.metric and the
+  metrics the split has."""
+  if metric not in results:
+    from sorjax.training.tasks.common import ConfigError
+    raise ConfigError(f"selection.metric={metric!r} is not among the metrics "
+                      f"of the {split!r} evaluation: {sorted(results)}")
+  return float(results[metric])
 
 
 def _truncate_metrics(workdir: str, step: int) -> None:

@@ -184,20 +184,48 @@ class Plateau:
     return state
 
 
-class EarlyStopping:
-  """Stops after `patience` evaluations without improving the best loss."""
+MODES = ("min", "max")
 
-  def __init__(self, patience: int, min_delta: float = 0.0):
+
+def check_selection(metric: Any, mode: Any) -> None:
+  """`selection.metric` (a metric name the task's evaluate returns) and
+  `selection.mode` ("min" or "max"); ValueError naming the field."""
+  if not isinstance(metric, str) or not metric:
+    raise ValueError(f"selection.metric must be the name of an evaluation "
+                     f"metric (e.g. 'loss', 'accuracy'), got {metric!r}")
+  if mode not in MODES:
+    raise ValueError(f"selection.mode must be 'min' or 'max', got {mode!r}")
+
+
+def better(mode: str, value: float, best: float, min_delta: float = 0.0
+           ) -> bool:
+  """value improves on best by more than min_delta in `mode`'s direction."""
+  return value < best - min_delta if mode == "min" else value > best + min_delta
+
+
+def worst(mode: str) -> float:
+  """The starting best of `mode`: any finite value improves on it."""
+  return float("inf") if mode == "min" else float("-inf")
+
+
+class EarlyStopping:
+  """Stops after `patience` evaluations without improving the best value of
+  the monitored metric: lower is better with mode "min" (a loss), higher
+  with "max" (an accuracy)."""
+
+  def __init__(self, patience: int, min_delta: float = 0.0,
+               mode: str = "min"):
     check_number("early_stopping.patience", patience, ">= 1",
                  lambda v: v >= 1, integer=True)
-    self.patience, self.min_delta = patience, min_delta
-    self.best, self.bad = float("inf"), 0
+    check_selection("monitored", mode)
+    self.patience, self.min_delta, self.mode = patience, min_delta, mode
+    self.best, self.bad = worst(mode), 0
 
-  def update(self, loss: float) -> tuple[bool, bool]:
+  def update(self, value: float) -> tuple[bool, bool]:
     """(improved, should_stop) after one evaluation."""
-    improved = loss < self.best - self.min_delta
+    improved = better(self.mode, value, self.best, self.min_delta)
     if improved:
-      self.best, self.bad = float(loss), 0
+      self.best, self.bad = float(value), 0
     else:
       self.bad += 1
     return improved, self.bad >= self.patience

@@ -43,12 +43,18 @@ class Task(Protocol):
   def evaluate(self, params: Any, split: str, temperature: float
                ) -> dict[str, float]:
     """Metrics of one replica on a split, "loss" among them (lower is
-    better; plateau and early stopping monitor it)."""
+    better; plateau, NT-ASGD and early_stopping.stop_below monitor it, the
+    best checkpoint and early stopping's patience follow config.selection,
+    the loss by default)."""
 
+  # Optional: metric_names() -> the keys evaluate returns; the loop checks
+  # selection.metric against them before training (else at the first
+  # evaluation).
   # Optional: epoch_metrics(params, epoch) -> dict of scalars, computed
   # after each epoch's evaluation and written to metrics.jsonl with split
   # "epoch_metrics" (the trees task records Le & Zuidema's gradient ratios).
 
   def eval_splits(self) -> tuple[str, ...]:
     """Splits evaluated after every epoch; the first one selects the best
-    checkpoint and drives plateau / early stopping."""
+    checkpoint (by config.selection) and drives plateau / early
+    stopping."""

@@ -208,6 +208,9 @@ def test_config_trains_a_few_steps_at_cpu_scale(case, tmp_path, request,
     split = "valid" if cfg.task == "lm" else "dev"
     evals = read_metrics(str(tmp_path), split)
     assert len(evals) == R and all(math.isfinite(m["loss"]) for m in evals)
+    # what the task declares it evaluates (selection.metric's check)
+    booked = {"step", "split", "time", "replica", "epoch", "temperature"}
+    assert set(task.metric_names()) == set(evals[0]) - booked
     for name in cfg.get("figures", ()):
       assert os.path.getsize(tmp_path / "figures" / f"{name}.png") > 0
   if case.module is mahto_lm and case.full_epoch:
@@ -436,6 +439,8 @@ def test_le_zuidema_keyword_is_section_3(cell, batch, experiment):
   assert c.model.embedding_init == "le_zuidema"        # U(-1e-4, 1e-4)
   assert (c.optim.name, c.optim.learning_rate) == ("adagrad", 0.05)
   assert c.early_stopping.patience == 5 and c.num_replicas == 5
+  # "halted when the accuracy on the development set is not improved"
+  assert (c.selection.metric, c.selection.mode) == ("accuracy", "max")
 
 
 @pytest.mark.parametrize("corpus,batch,dropouti,dropouth", [

@@ -40,6 +40,29 @@ def test_per_replica_reports_test_at_the_best_dev_epoch(tmp_path):
   assert [r["epochs_run"] for r in rows] == [3, 3]
 
 
+def test_per_replica_follows_the_runs_selection(tmp_path):
+  """A run that selected on dev accuracy (Le & Zuidema) reports test at the
+  epoch of the highest dev accuracy, not of the lowest dev loss."""
+  recs = []
+  for step, loss, acc in ((10, 0.9, 0.3), (20, 0.7, 0.8), (30, 0.5, 0.6)):
+    recs.append({"step": step, "split": "dev", "replica": 0,
+                 "epoch": step // 10, "loss": loss, "accuracy": acc})
+    recs.append({"step": step, "split": "test", "replica": 0,
+                 "epoch": step // 10, "loss": 1.0, "accuracy": step / 100})
+  _write_metrics(str(tmp_path), recs)
+  assert reproduce.per_replica(str(tmp_path))[0]["step"] == 30  # no config
+  (tmp_path / "config.json").write_text(
+      '{"selection": {"metric": "accuracy", "mode": "max"}}')
+  (row,) = reproduce.per_replica(str(tmp_path))
+  assert (row["step"], row["accuracy"], row["best_epoch"]) == (20, 0.2, 2)
+  (tmp_path / "config.json").write_text(
+      '{"selection": {"metric": "wcpa", "mode": "max"}}')
+  with pytest.raises(reproduce.ReproduceError,
+                     match="the 'dev' records lack 'wcpa', the run's "
+                     "selection.metric"):
+    reproduce.per_replica(str(tmp_path))
+
+
 def test_per_replica_names_a_missing_test_record(tmp_path):
   _write_metrics(str(tmp_path), [
       {"step": 10, "split": "dev", "replica": 0, "epoch": 1, "loss": 1.0}])

@@ -120,6 +120,10 @@ def test_config_errors_stop_before_training(tmp_path):
     ("early_stopping.stop_below", float("nan"),
      "early_stopping.stop_below must be None or a finite number"),
     ("nt_asgd.nonmono", 0, "nt_asgd.nonmono must be an int >= 1"),
+    ("selection.mode", "up", "selection.mode must be 'min' or 'max', got "
+                             "'up'"),
+    ("selection.metric", "", "selection.metric must be the name of an "
+                             "evaluation metric"),
     ("train.max_steps", 0, "train.max_steps must be None or an int >= 1"),
     ("train.max_steps", -5, "train.max_steps must be None or an int >= 1"),
     ("train.max_steps", 2.5, "train.max_steps must be None or an int >= 1"),
@@ -135,6 +139,17 @@ def test_validate_checks_the_loop_fields(path, value, msg):
   cfg[section] = {**cfg[section].to_dict(), field: value}  # any type
   with pytest.raises(ConfigError, match=msg):
     train.validate(cfg)
+
+
+def test_a_selection_metric_the_task_lacks_fails_before_training(tmp_path):
+  cfg = tiny_dyck.get_config()
+  cfg.selection.metric, cfg.selection.mode = "accuracy", "max"
+  with pytest.raises(ConfigError, match=r"selection.metric='accuracy' is not "
+                     r"among the metrics dyck_lm evaluates: \['close_accuracy'"
+                     r", 'loss', 'oracle_perplexity', 'perplexity', "
+                     r"'perplexity_ratio', 'wcpa'\]"):
+    train.train_and_evaluate(cfg, str(tmp_path / "w"))
+  assert not (tmp_path / "w").exists()
 
 
 @pytest.mark.parametrize("field,value", [("num_replicas", True),

@@ -225,6 +225,21 @@ def test_config_changes_lists_each_differing_field():
       "model.h: 4 -> 5", "model.new: '(absent)' -> 1"]
 
 
+def test_a_base_field_added_since_a_run_reads_as_its_default():
+  """A config.json written before selection.* existed resumes with the
+  default selection (what that run did), not with another one."""
+  from sorjax.training.loop import config_changes
+  old = {"seed": 0}
+  assert config_changes(old, {"seed": 0, "selection": {
+      "metric": "loss", "mode": "min"}}) == []
+  assert config_changes(old, {"seed": 0, "selection": {
+      "metric": "accuracy", "mode": "min"}}) == [
+          "selection.metric: 'loss' -> 'accuracy'"]
+  # a field base_config does not have stays absent
+  assert config_changes(old, {"seed": 0, "extra": 1}) == [
+      "extra: '(absent)' -> 1"]
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   with pytest.raises(NonFiniteLossError, match="non-finite"):
     run(tmp_path, task=ToyTask(nan_at_batch=105))   # epoch 1, batch 5

@@ -1,11 +1,15 @@
 """Which checkpoint is "best" and when early stopping ends a run: both follow
-the FIRST eval split's loss, the best checkpoint its mean over replicas, and
-stopping needs every replica's criterion. A scripted task fixes the eval
-losses per (epoch, replica, split) so the expectations are by hand."""
+the FIRST eval split's selection metric (the loss by default, or one to
+maximise such as an accuracy), the best checkpoint its mean over replicas,
+and stopping needs every replica's criterion. A scripted task fixes the
+eval metrics per (epoch, replica, split) so the expectations are by hand."""
+
+import os
 
 import jax.numpy as jnp
 import ml_collections
 import numpy as np
+import pytest
 
 from sorjax.training.checkpoint import Checkpointer
 from tests.training.test_loop import run
@@ -45,10 +49,22 @@ class ScriptedEvalTask:
         n % len(self.splits)
     assert split == self.splits[s]
     self.calls.append((e, r, split))
-    return {"loss": float(self.script[e][r][s])}
+    v = self.script[e][r][s]
+    return dict(v) if isinstance(v, dict) else {"loss": float(v)}
 
   def eval_splits(self):
     return self.splits
+
+
+class DeclaredMetricsTask(ScriptedEvalTask):
+  """The scripted task, declaring what it evaluates (as the real tasks do)."""
+
+  def metric_names(self):
+    return ("loss", "accuracy")
+
+
+def _select(metric, mode):
+  return ml_collections.ConfigDict(dict(metric=metric, mode=mode))
 
 
 def _stop_below(v):
@@ -142,3 +158,88 @@ def test_restoring_an_int_step_in_both_prefers_the_latest(tmp_path):
     np.testing.assert_array_equal(st["w"], 2.0)
   finally:
     ck.close()
+
+
+# ------------------------------------------------------------ selection.*
+def _m(loss, acc):
+  return {"loss": loss, "accuracy": acc}
+
+
+def test_best_checkpoint_follows_the_accuracy_when_selected(tmp_path):
+  # the loss falls every epoch (best at 3), the accuracy peaks at epoch 2
+  task = DeclaredMetricsTask([[[_m(1.0, 0.5)]], [[_m(0.8, 0.9)]],
+                              [[_m(0.6, 0.7)]]])
+  run(tmp_path, task=task, selection=_select("accuracy", "max"))
+  step, meta = _best(tmp_path)
+  assert step == 2 and meta["best_mean"] == 0.9 and meta["epoch"] == 2
+  # the same script by the default selection (the loss): the last epoch
+  task = DeclaredMetricsTask([[[_m(1.0, 0.5)]], [[_m(0.8, 0.9)]],
+                              [[_m(0.6, 0.7)]]])
+  run(tmp_path / "loss", task=task)
+  step, meta = _best(tmp_path / "loss")
+  assert step == 3 and meta["best_mean"] == 0.6
+
+
+def test_best_accuracy_is_the_mean_over_replicas(tmp_path):
+  # epoch 1 mean 0.5; epoch 2: replica 0 at 1.0 but the mean 0.45; epoch 3
+  # mean 0.55, the best
+  task = DeclaredMetricsTask([
+      [[_m(1.0, 0.5)], [_m(1.0, 0.5)]],
+      [[_m(1.0, 1.0)], [_m(1.0, 0.0)]],
+      [[_m(1.0, 0.6)], [_m(1.0, 0.5)]]])
+  run(tmp_path, task=task, num_replicas=2,
+      selection=_select("accuracy", "max"))
+  step, meta = _best(tmp_path)
+  assert step == 3 and meta["best_mean"] == pytest.approx(0.55)
+
+
+def test_early_stopping_counts_epochs_without_a_higher_accuracy(tmp_path):
+  # accuracy 0.5, 0.7, 0.7, 0.6 with patience 2: epochs 3 and 4 do not
+  # improve, so the run ends after epoch 4 of 6, although the loss falls
+  # throughout (by the loss it would run all 6)
+  script = [[[_m(1.0 - 0.1 * e, a)]] for e, a in
+            enumerate([0.5, 0.7, 0.7, 0.6, 0.9, 0.9])]
+  task = DeclaredMetricsTask(script)
+  state = run(tmp_path, task=task, train={"num_epochs": 6},
+              selection=_select("accuracy", "max"),
+              early_stopping=ml_collections.ConfigDict(
+                  dict(patience=2, stop_below=None)))
+  assert int(state.step[0]) == 4
+  task = DeclaredMetricsTask(script)
+  state = run(tmp_path / "loss", task=task, train={"num_epochs": 6},
+              early_stopping=ml_collections.ConfigDict(
+                  dict(patience=2, stop_below=None)))
+  assert int(state.step[0]) == 6
+
+
+def test_an_unknown_selection_metric_fails_before_training(tmp_path):
+  task = DeclaredMetricsTask([[[_m(1.0, 0.5)]]])
+  with pytest.raises(ValueError, match=r"selection.metric='acc' is not among "
+                     r"the metrics scripted evaluates: \['accuracy', 'loss'\]"):
+    run(tmp_path / "w", task=task, selection=_select("acc", "max"))
+  assert not task.calls and not os.path.exists(tmp_path / "w")
+
+
+def test_an_unknown_selection_metric_fails_at_the_first_evaluation(tmp_path):
+  # a task that does not declare its metrics: caught at the first one
+  task = ScriptedEvalTask([[[_m(1.0, 0.5)]]] * 3)
+  with pytest.raises(ValueError, match=r"selection.metric='wcpa' is not "
+                     r"among the metrics of the 'valid' evaluation: "
+                     r"\['accuracy', 'loss'\]"):
+    run(tmp_path, task=task, selection=_select("wcpa", "max"))
+  assert len(task.calls) == 1
+
+
+def test_a_bad_selection_mode_is_refused(tmp_path):
+  with pytest.raises(ValueError, match="selection.mode must be 'min' or "
+                     "'max', got 'up'"):
+    run(tmp_path, task=DeclaredMetricsTask([[[_m(1.0, 0.5)]]]),
+        selection=_select("accuracy", "up"))
+
+
+def test_a_non_finite_selected_metric_stops_the_run(tmp_path):
+  from sorjax.training.loop import NonFiniteLossError
+  task = DeclaredMetricsTask([[[_m(1.0, float("nan"))]]])
+  with pytest.raises(NonFiniteLossError, match="non-finite validation "
+                     "accuracy"):
+    run(tmp_path, task=task, selection=_select("accuracy", "max"))

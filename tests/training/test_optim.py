@@ -155,6 +155,29 @@ def test_early_stopping():
   assert out == [True, False, False, True, False]
 
 
+def test_early_stopping_on_a_metric_to_maximise():
+  es = optim.EarlyStopping(patience=2, mode="max")
+  out = [es.update(v) for v in [0.1, 0.4, 0.3, 0.6, 0.6, 0.5]]
+  assert out == [(True, False), (True, False), (False, False), (True, False),
+                 (False, False), (False, True)]
+  assert es.best == 0.6
+  es = optim.EarlyStopping(patience=3, min_delta=0.1, mode="max")
+  out = [es.update(v)[0] for v in [0.5, 0.55, 0.58, 0.71]]
+  assert out == [True, False, False, True]   # gains of <= 0.1 do not count
+  es2 = optim.EarlyStopping(patience=3, mode="max")   # a fresh one: -inf
+  assert es2.update(-5.0) == (True, False)
+
+
+@pytest.mark.parametrize("metric,mode,msg", [
+    ("", "min", "selection.metric must be the name"),
+    (None, "min", "selection.metric must be the name"),
+    ("accuracy", "maximise", "selection.mode must be 'min' or 'max'"),
+    ("loss", None, "selection.mode must be 'min' or 'max'")])
+def test_selection_fields_are_checked(metric, mode, msg):
+  with pytest.raises(ValueError, match=msg):
+    optim.check_selection(metric, mode)
+
+
 @pytest.mark.parametrize("field,value,msg", [
     ("learning_rate", -1.0, "optim.learning_rate must be a finite number > 0"),
     ("learning_rate", 0.0, "optim.learning_rate must be a finite number > 0"),

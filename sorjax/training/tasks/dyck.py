@@ -153,6 +153,11 @@ class DyckLM(EpochModelTask):
         dist[r, :len(s)] = self.lang.closing_distances(s)
     return dyck_metrics.ldpa(self.close_probs(lp), tokens, dist, self.k)
 
+  def metric_names(self) -> tuple[str, ...]:
+    """What `evaluate` returns (selection.metric is checked against it)."""
+    return ("loss", "perplexity", "oracle_perplexity", "perplexity_ratio",
+            "wcpa", "close_accuracy")
+
   def evaluate(self, params, split, temperature):
     nll, count, counts = 0.0, 0, {}
     for batch, seqs, lp in self.log_probs(params, split, temperature):
@@ -197,6 +202,9 @@ class DyckClosing(DyckLM):
         logits.astype(jnp.float32), cls)
     mask = step_mask(batch["lengths"], ce.shape[1]) & is_close
     return masked_mean(ce, mask), (carry, {"closes": jnp.sum(mask)})
+
+  def metric_names(self) -> tuple[str, ...]:
+    return ("loss", "accuracy", "wcpa", "close_accuracy")
 
   def evaluate(self, params, split, temperature):
     nll, count, counts, argmax_ok = 0.0, 0, {}, 0
@@ -289,6 +297,10 @@ class DyckPCFGTask(EpochModelTask):
       probs, logits = self._eval_step(params, batch.inputs, batch.lengths,
                                       jnp.float32(temperature))
       yield batch, self._to_batch(split, batch), np.asarray(probs), logits
+
+  def metric_names(self) -> tuple[str, ...]:
+    """What `evaluate` returns (selection.metric is checked against it)."""
+    return ("loss", "sequence_accuracy")
 
   def evaluate(self, params, split, temperature):
     total, steps, correct, n = 0.0, 0, 0, 0

@@ -175,6 +175,10 @@ class LanguageModelTask(ModelTask):
                                         jnp.float32(temperature))
       yield batch.inputs, batch.targets, batch.lengths, np.asarray(ce)
 
+  def metric_names(self) -> tuple[str, ...]:
+    """What `evaluate` returns (selection.metric is checked against it)."""
+    return ("loss", "perplexity") + (("bits_per_char",) if self.bits else ())
+
   def evaluate(self, params, split, temperature):
     nll, count, chars = 0.0, 0, 0
     for _, targets, lengths, ce in self.token_losses(params, split,

@@ -266,6 +266,10 @@ class TreeTask:
     return (jnp.sum(jnp.where(mask, nll, 0.0)), jnp.sum(hit),
             jnp.sum(mask))
 
+  def metric_names(self) -> tuple[str, ...]:
+    """What `evaluate` returns (selection.metric is checked against it)."""
+    return ("loss", "accuracy")
+
   def evaluate(self, params, split, temperature):
     sums = [self._eval(params, batch)
             for _, batch in self._eval_batches_of(split)]
