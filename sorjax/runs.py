@@ -158,7 +158,16 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
                             "run directory (no resolved config)")
   raw = read_config_json(path)
   _check_sections(path, raw)
+  from sorjax.training.config import base_config
+  base = base_config()
+  for k in LATER_SECTIONS:  # what a run written before them did
+    raw.setdefault(k, base[k].to_dict())
   return ml_collections.ConfigDict(raw)
+
+
+# Sections of `base_config()` added after runs were written without them:
+# absent from a config.json, they read as their defaults.
+LATER_SECTIONS = ("selection",)
 
 
 def read_config_json(path: str) -> dict:
@@ -188,14 +197,14 @@ def _check_sections(path: str, raw: dict) -> None:
   sections = [k for k in base if isinstance(base[k],
                                             ml_collections.ConfigDict)]
   for k in ["task", "model", "data"] + sections:
-    if k not in raw:
+    if k not in raw and k not in LATER_SECTIONS:
       raise ValueError(f"{path} has no section {k!r} (a run's config has "
                        f"task, model, data, {', '.join(sections)})")
   if not isinstance(raw["task"], str) or not raw["task"]:
     raise ValueError(f"{path}: 'task' must be a task name, got "
                      f"{raw['task']!r}")
   for k in ["model", "data"] + sections:
-    if not isinstance(raw[k], dict):
+    if k in raw and not isinstance(raw[k], dict):
       raise ValueError(f"{path}: section {k!r} must be a JSON object, got "
                        f"{type(raw[k]).__name__}")
 

@@ -165,6 +165,17 @@ def test_a_damaged_config_is_named(tmp_path, text, msg):
     load_config(str(tmp_path))
 
 
+def test_a_config_written_before_selection_existed_loads_its_defaults(
+    tmp_path):
+  (tmp_path / "config.json").write_text(_without("selection"))
+  cfg = load_config(str(tmp_path))
+  assert (cfg.selection.metric, cfg.selection.mode) == ("loss", "min")
+  (tmp_path / "config.json").write_text(_as_list("selection"))
+  with pytest.raises(ValueError, match="section 'selection' must be a JSON "
+                     "object, got list"):
+    load_config(str(tmp_path))
+
+
 def test_a_config_that_is_a_directory_or_absent(tmp_path):
   with pytest.raises(FileNotFoundError, match="is not a sorjax run"):
     load_config(str(tmp_path))

@@ -225,6 +225,16 @@ def test_config_changes_lists_each_differing_field():
       "model.h: 4 -> 5", "model.new: '(absent)' -> 1"]
 
 
+def test_a_run_from_before_selection_existed_resumes(tmp_path):
+  run(tmp_path, train={"max_steps": 4})
+  path = tmp_path / "config.json"
+  cfg = json.load(open(path))
+  del cfg["selection"]                       # as runs wrote it before
+  path.write_text(json.dumps(cfg))
+  state = run(tmp_path, train={"max_steps": 8})
+  assert int(state.step[0]) == 8
+
+
 def test_a_base_field_added_since_a_run_reads_as_its_default():
   """A config.json written before selection.* existed resumes with the
   default selection (what that run did), not with another one."""
