@@ -507,7 +507,7 @@ class Trainer:
     cfg, task = self.config, self.task
     metric, mode = self.selection
     tau_eval = float(self.temperature.evaluation(step, epoch - 1))
-    stops, start_avg, mains = [], [], []
+    stops, start_avg, selected = [], [], []
     host = jax.device_get(state)
     for r in range(self.R):
       params_r = _tree_index(host.params, r)
@@ -538,7 +538,7 @@ class Trainer:
         raise NonFiniteLossError(
             f"non-finite validation {metric} (selection.metric) after epoch "
             f"{epoch} (replica {r})")
-      mains.append(chosen)
+      selected.append(chosen)
       meta["best_loss"][r] = min(meta["best_loss"][r], main)
       if plateau_state is not None:
         plateau_state[r] = self.plateau.update(plateau_state[r], main)
@@ -554,7 +554,7 @@ class Trainer:
       stops.append(stop_r or (below is not None and main < below))
     # Best checkpoint: this epoch's selection metric (the loss unless
     # selection.metric says otherwise), averaged over replicas.
-    mean_now = float(np.mean(mains))
+    mean_now = float(np.mean(selected))
     if better(mode, mean_now, meta["best_mean"]):
       meta["best_mean"] = mean_now
       ckpt.save_best(step, host, dict(meta, epoch=epoch, position=None,

@@ -243,3 +243,22 @@ def test_a_non_finite_selected_metric_stops_the_run(tmp_path):
   with pytest.raises(NonFiniteLossError, match="non-finite validation "
                      "accuracy"):
     run(tmp_path, task=task, selection=_select("accuracy", "max"))
+
+
+def test_a_max_selection_checkpointed_before_its_first_evaluation_resumes(
+    tmp_path):
+  """best_mean starts at -inf for "max"; a checkpoint written before the
+  first evaluation holds it and resumes: the first evaluation is then the
+  best."""
+  from tests.training.toy_task import ToyTask
+  sel = _select("loss", "max")
+  run(tmp_path, task=ToyTask(), selection=sel, train={"max_steps": 4})
+  ck = Checkpointer(str(tmp_path), read_only=True)
+  try:
+    step, meta = ck.restore_meta("latest")
+  finally:
+    ck.close()
+  assert step == 4 and meta["best_mean"] == float("-inf")
+  run(tmp_path, task=ToyTask(), selection=sel, train={"max_steps": 8})
+  step, meta = _best(tmp_path)
+  assert step == 6 and np.isfinite(meta["best_mean"])
