@@ -30,9 +30,8 @@ LSTM-LMs, run.sh and train_mts.py defaults): lr 30, clip 0.25, weight decay
 dropout 0.25, seed 141; WikiText-2: batch 80, input dropout 0.65,
 between-layer dropout 0.2, seed 1882; weight drop 0.5 on every layer's W_h
 (`model.weight_drop`), activation and temporal activation regularisation
-alpha 2, beta 1 (`model.activation_reg`, `model.temporal_activation_reg`).
-Not supported (docs/EXPERIMENTS.md): the U(-0.1, 0.1) embedding
-initialisation.
+alpha 2, beta 1 (`model.activation_reg`, `model.temporal_activation_reg`);
+embedding weights from U(-0.1, 0.1) (`model.embedding_init`).
 """
 
 from experiments.configs import _options, common
@@ -92,7 +91,7 @@ def get_config(config_string: str = "baseline,ptb"):
       input_dropout=awd["input_dropout"],
       hidden_dropout=awd["hidden_dropout"], output_dropout=0.4,
       locked_dropout=True, weight_drop=0.5, activation_reg=2.0,
-      temporal_activation_reg=1.0)
+      temporal_activation_reg=1.0, embedding_init="uniform_0.1")
   c.seed = awd["seed"]
   c.optim.name = "nt_asgd"
   c.optim.learning_rate = 30.0

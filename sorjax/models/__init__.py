@@ -8,10 +8,10 @@
 
 from sorjax.models.dyck import HEADS, DyckModel
 from sorjax.models.lm import LanguageModel
-from sorjax.models.stack import (DROPOUT_SITES, EMBEDDINGS, FROZEN,
-                                 RecurrentTrunk)
+from sorjax.models.stack import (DROPOUT_SITES, EMBED_INITS, EMBEDDINGS,
+                                 FROZEN, RecurrentTrunk)
 from sorjax.models.tree_classifier import TreeClassifier, loss_and_accuracy
 
-__all__ = ["DROPOUT_SITES", "DyckModel", "EMBEDDINGS", "FROZEN", "HEADS",
-           "LanguageModel", "RecurrentTrunk", "TreeClassifier",
+__all__ = ["DROPOUT_SITES", "DyckModel", "EMBED_INITS", "EMBEDDINGS", "FROZEN",
+           "HEADS", "LanguageModel", "RecurrentTrunk", "TreeClassifier",
            "loss_and_accuracy"]

@@ -51,10 +51,14 @@ from sorjax import checks
 from sorjax.cells import base
 from sorjax.layer_scan import first_outside
 from sorjax.models.constant import constant
+from sorjax.models.initializers import uniform_symmetric
 from sorjax.unroll import unroll_layers
 
 FROZEN = "frozen"  # variable collection of non-trainable arrays
 EMBEDDINGS = ("learned", "frozen", "one_hot", "cell")
+# The learned table's initialiser: "normal" N(0, 1/E); "uniform_0.1"
+# U(-0.1, 0.1), AWD-LSTM's, which Mahto et al. 3.1.1 use.
+EMBED_INITS = ("normal", "uniform_0.1")
 DROPOUT_SITES = ("input", "hidden", "output")
 
 
@@ -68,6 +72,7 @@ class RecurrentTrunk(nn.Module):
     embed_size: E for embedding="learned"; implied otherwise (may be left
       None, or given and then checked).
     embedding: one of EMBEDDINGS.
+    embed_init: one of EMBED_INITS, the learned table's initialiser.
     embedding_table: the [V, E] array for embedding="frozen" (held as a
       read-only, hashable `Constant` copy; only `init` reads it).
     embedding_dropout, input_dropout, hidden_dropout, output_dropout: rates.
@@ -82,6 +87,7 @@ class RecurrentTrunk(nn.Module):
   vocab_size: int
   embed_size: int | None = None
   embedding: str = "learned"
+  embed_init: str = "normal"
   embedding_table: Any = None
   embedding_dropout: float = 0.0
   input_dropout: float = 0.0
@@ -125,6 +131,8 @@ class RecurrentTrunk(nn.Module):
     if self.embedding not in EMBEDDINGS:
       raise self._error(
           f"embedding must be one of {EMBEDDINGS}, got {self.embedding!r}")
+    base.check_choice(type(self).__name__, "embed_init", self.embed_init,
+                      EMBED_INITS)
     if self.embedding == "cell":
       self.fixed_table()  # raises unless cells[0] offers a [V, E] table
     if (self.embedding_table is not None) != (self.embedding == "frozen"):
@@ -240,7 +248,8 @@ class RecurrentTrunk(nn.Module):
     """The [V, E] embedding table (None for one_hot)."""
     V, dtype = self.vocab_size, self.param_dtype
     if self.embedding == "learned":
-      init = nn.initializers.normal(stddev=1.0 / math.sqrt(self.embed_size))
+      init = (uniform_symmetric(0.1) if self.embed_init == "uniform_0.1"
+              else nn.initializers.normal(1.0 / math.sqrt(self.embed_size)))
       return self.param("embedding", init, (V, self.embed_size), dtype)
     if self.embedding == "frozen":  # read at init only, then stored
       return self.variable(

@@ -29,15 +29,9 @@ from sorjax import trees
 from sorjax.cells import base
 from sorjax.cells.tree import TreeLSTM
 from sorjax.layer_scan import first_outside
+from sorjax.models.initializers import uniform_symmetric
 
 EMBED_INITS = ("le_zuidema", "normal")
-
-
-def uniform_symmetric(scale: float):
-  """Initialiser drawing from U(-scale, scale)."""
-  def init(key, shape, dtype=jnp.float32):
-    return jax.random.uniform(key, shape, dtype, -scale, scale)
-  return init
 
 
 class TreeClassifier(nn.Module):

@@ -462,6 +462,7 @@ def test_mahto_lm_is_section_3_1_1(model, corpus, batch, dropouti, dropouth):
   assert c.model.locked_dropout is True and c.train.num_epochs == 1000
   assert (c.model.weight_drop, c.model.activation_reg,
           c.model.temporal_activation_reg) == (0.5, 2.0, 1.0)  # AWD-LSTM
+  assert c.model.embedding_init == "uniform_0.1"   # "in [-0.1, 0.1]"
   names = [type(x).__name__ for x in cells]
   if model == "baseline":
     assert names == ["LSTM"] * 3

@@ -8,6 +8,7 @@ import types
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 
 from sorjax import trees
 from sorjax.cells import make
@@ -30,6 +31,24 @@ def test_learned_embedding_init_std_is_one_over_sqrt_embed_size():
   assert table.shape == (V, E)
   assert abs(table.std() - 0.25) < 0.01, table.std()     # 1/sqrt(16)
   assert abs(table.mean()) < 0.01
+
+
+def test_uniform_embedding_init_is_u_of_minus_to_plus_0_1():
+  """Mahto et al. 3.1.1: "embedding weights were uniformly initialized in
+  the interval [-0.1, 0.1]": U(-0.1, 0.1) has sd 0.1 / sqrt(3)."""
+  V, E = 4000, 16
+  model = LanguageModel([make("rnn", hidden_size=4)], vocab_size=V,
+                        embed_size=E, embed_init="uniform_0.1")
+  toks = jnp.zeros((1, 2), jnp.int32)
+  table = np.asarray(model.init(KEY, toks)["params"]["embedding"])
+  assert table.min() >= -0.1 and table.max() <= 0.1
+  assert table.min() < -0.099 and table.max() > 0.099
+  assert abs(table.std() - 0.1 / np.sqrt(3)) < 0.001, table.std()
+  assert abs(table.mean()) < 0.002
+  with pytest.raises(ValueError, match=r"LanguageModel: embed_init must be "
+                     r"one of \('normal', 'uniform_0.1'\), got 'xavier'"):
+    LanguageModel([make("rnn", hidden_size=4)], vocab_size=V, embed_size=E,
+                  embed_init="xavier")
 
 
 def test_embedding_dropout_keeps_one_minus_p_of_the_word_types():

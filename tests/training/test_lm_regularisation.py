@@ -50,3 +50,20 @@ def test_only_the_lm_task_reads_them():
   old = model_config()
   del old["activation_reg"], old["temporal_activation_reg"]
   assert activation_regs(old) == (0.0, 0.0)
+
+
+def test_embedding_init_reaches_the_trunk_of_a_learned_table():
+  m = model_config(cell="lstm", hidden_size=4, embedding_init="uniform_0.1")
+  assert trunk_kwargs(m)["embed_init"] == "uniform_0.1"
+  assert "embed_init" not in trunk_kwargs(model_config(cell="lstm",
+                                                       hidden_size=4))
+  with pytest.raises(ConfigError, match=r"model.embedding_init must be None "
+                     r"or one of \('normal', 'uniform_0.1'\) for the token "
+                     r"models .* got 'le_zuidema'"):
+    trunk_kwargs(model_config(cell="lstm", hidden_size=4,
+                              embedding_init="le_zuidema"))
+  with pytest.raises(ConfigError, match="initialises a learned table; "
+                     "model.embedding is 'one_hot'"):
+    trunk_kwargs(model_config(cell="lstm", hidden_size=4,
+                              embedding="one_hot",
+                              embedding_init="uniform_0.1"))

@@ -137,13 +137,21 @@ def trunk_kwargs(m: ml_collections.ConfigDict,
     raise ConfigError(
         "model.activation_reg / model.temporal_activation_reg are read by "
         "the lm task only; set them to 0 for this task")
-  if m.get("embedding_init") is not None:
-    raise ConfigError(
-        f"model.embedding_init={m.embedding_init!r} is only used by the trees "
-        "task (Le & Zuidema's U(-1e-4, 1e-4)); token models initialise the "
-        "embedding with N(0, 1/E)")
   # Fields missing from an older run's config.json take the model default.
   kw = {k: m[k] for k in TRUNK_FIELDS if k in m}
+  init = m.get("embedding_init")
+  if init is not None:
+    from sorjax.models.stack import EMBED_INITS
+    if init not in EMBED_INITS:
+      raise ConfigError(
+          f"model.embedding_init must be None or one of {EMBED_INITS} for "
+          f"the token models (None: N(0, 1/E); the trees task takes "
+          f"'le_zuidema' or 'normal'), got {init!r}")
+    if kw.get("embedding", "learned") != "learned":
+      raise ConfigError(
+          f"model.embedding_init={init!r} initialises a learned table; "
+          f"model.embedding is {kw['embedding']!r}")
+    kw["embed_init"] = init
   if kw.get("remat", False) not in (False, True, "dots") or isinstance(
       kw.get("remat"), (int, float)) and not isinstance(kw["remat"], bool):
     raise ConfigError(f"model.remat must be False, True or \"dots\", got "
