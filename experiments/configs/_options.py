@@ -31,6 +31,7 @@ OPTIONAL = {
     "optim.end_value": float,
     "data.preset": str, "data.max_length": int, "data.data_dir": str,
     "data.manual_dir": str, "data.pad_to": int, "data.max_train_tokens": int,
+    "data.test_batch_size": int,
     "data.max_eval_tokens": int, "data.train_sentence_cutoff": int,
     "model.cell": str, "model.hidden_size": int, "model.budget": int,
     "model.intermediate_ratio": float, "model.embedding_init": str,

@@ -27,7 +27,7 @@ def lm_data(**kw) -> ml_collections.ConfigDict:
   d = ml_collections.ConfigDict(dict(
       corpus="ptb", data_dir=None, manual_dir=None, batch_size=20, bptt=35,
       variable_bptt=False, pad_to=None, eval_batch_size=10, eval_bptt=35,
-      max_train_tokens=None, max_eval_tokens=None,
+      test_batch_size=None, max_train_tokens=None, max_eval_tokens=None,
       train_sentence_cutoff=None, seed=0))
   d.update(kw)
   return d

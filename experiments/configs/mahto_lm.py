@@ -31,7 +31,9 @@ dropout 0.25, seed 141; WikiText-2: batch 80, input dropout 0.65,
 between-layer dropout 0.2, seed 1882; weight drop 0.5 on every layer's W_h
 (`model.weight_drop`), activation and temporal activation regularisation
 alpha 2, beta 1 (`model.activation_reg`, `model.temporal_activation_reg`);
-embedding weights from U(-0.1, 0.1) (`model.embedding_init`).
+embedding weights from U(-0.1, 0.1) (`model.embedding_init`); validation
+in 10 streams, test in 1 (AWD-LSTM's eval / test batch sizes: one stream
+whose state carries through the whole test set).
 """
 
 from experiments.configs import _options, common
@@ -85,7 +87,8 @@ def get_config(config_string: str = "baseline,ptb"):
   c = common.config(
       "lm",
       common.lm_data(corpus=corpus, batch_size=awd["batch_size"], bptt=70,
-                     variable_bptt=True, eval_batch_size=10, eval_bptt=70),
+                     variable_bptt=True, eval_batch_size=10, eval_bptt=70,
+                     test_batch_size=1),
       cell=None, hidden_size=None, layers=layers(model, sizes),
       embed_size=sizes[-1], tie_embedding=True, embedding_dropout=0.1,
       input_dropout=awd["input_dropout"],

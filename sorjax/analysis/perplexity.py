@@ -73,7 +73,8 @@ class TokenLosses(NamedTuple):
 
 def token_nll(run, split: str, tau: float | None = None) -> TokenLosses:
   """Every scored token of an LM split, in corpus order. The task streams
-  the split as eval_batch_size rows of N consecutive tokens (row r holds
+  the split as `task.eval_streams(split)` rows of N consecutive tokens
+  (data.eval_batch_size, or test_batch_size for the test split; row r holds
   tokens r*N .. r*N + N - 1; the trailing len % B are dropped); each row's
   first token has no context and is not scored."""
   require_task("token_nll", run, ("lm",))
@@ -220,8 +221,8 @@ def compare_frequency(run_a, run_b, split: str | None = None,
   if t_a.shape != t_b.shape or not np.array_equal(t_a, t_b):
     raise fail(name, run_b, f"cannot compare with {run_a.workdir}: the runs "
                f"score different {split!r} tokens ({t_a.size} vs "
-               f"{t_b.size}; same corpus, vocabulary and data.eval_batch_size "
-               "are needed)")
+               f"{t_b.size}; same corpus, vocabulary, data.eval_batch_size and "
+               "test_batch_size are needed)")
   bins = frequency_bin(train_counts(run_a)[t_a])
   return {"split": split, "runs": [run_a.workdir, run_b.workdir],
           "a": binned(nll_a, bins), "b": binned(nll_b, bins),

@@ -336,7 +336,8 @@ SAME_DATA = ("perplexity", "frequency", "token_losses")
 # the evaluated sequences).
 _DYCK = ("k", "m", "preset", "num_train", "num_dev", "num_test",
          "max_length", "seed", "scale")
-_DATA_FIELDS = {"lm": ("corpus", "max_eval_tokens", "eval_batch_size"),
+_DATA_FIELDS = {"lm": ("corpus", "max_eval_tokens", "eval_batch_size",
+                       "test_batch_size"),
                 "dyck_lm": _DYCK, "dyck_closing": _DYCK,
                 "dyck_pcfg": ("preset", "seed", "scale"),
                 "trees": ("dataset", "experiment", "scale", "seed")}

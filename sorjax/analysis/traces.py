@@ -175,11 +175,10 @@ def batches(task, split: str, max_tokens: int | None = None,
       raise ValueError(f"--{flag} must be >= 1, got {v}")
   if task.name == "lm":
     d = task.data_cfg
-    ids = task.split_ids[split]
+    ids, B = task.split_ids[split], task.eval_streams(split)
     if max_tokens is not None:
-      ids = ids[:max(int(max_tokens), 2 * d.eval_batch_size)]
-    for b in batching.StreamBatcher(ids, d.eval_batch_size, d.eval_bptt,
-                                    pad_to=d.eval_bptt):
+      ids = ids[:max(int(max_tokens), 2 * B)]
+    for b in batching.StreamBatcher(ids, B, d.eval_bptt, pad_to=d.eval_bptt):
       yield b.inputs, b.lengths, True
     return
   seqs = split_sequences(task, split)

@@ -84,9 +84,11 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 
 def config_changes(saved: dict, given: dict) -> list[str]:
   """The fields, outside RESUMABLE, whose values differ between the saved
-  config and the given one, as 'path: saved -> given'. A field of
-  `base_config()` that the saved config lacks (one added since that run,
-  such as selection.*) reads as its default, which is what that run did."""
+  config and the given one, as 'path: saved -> given'. A field that the
+  saved config lacks (one added since that run) reads as what that run
+  did: `base_config()`'s default for its fields (selection.*), and for any
+  other field None, "not set", the default of every optional field (such
+  as data.test_batch_size)."""
   a = _flat(saved)
   b = _flat(json.loads(json.dumps(given)))  # tuples as the saved lists
   absent = "(absent)"
@@ -96,6 +98,8 @@ def config_changes(saved: dict, given: dict) -> list[str]:
     if any(path == r or path.startswith(r + ".") for r in RESUMABLE):
       continue
     was = a.get(path, defaults.get(path, absent))
+    if was == absent and b.get(path) is None:
+      continue
     if was != b.get(path, absent):
       out.append(f"{path}: {was!r} -> {b.get(path, absent)!r}")
   return out

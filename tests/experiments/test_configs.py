@@ -463,6 +463,7 @@ def test_mahto_lm_is_section_3_1_1(model, corpus, batch, dropouti, dropouth):
   assert (c.model.weight_drop, c.model.activation_reg,
           c.model.temporal_activation_reg) == (0.5, 2.0, 1.0)  # AWD-LSTM
   assert c.model.embedding_init == "uniform_0.1"   # "in [-0.1, 0.1]"
+  assert (d.eval_batch_size, d.test_batch_size) == (10, 1)  # AWD-LSTM's
   names = [type(x).__name__ for x in cells]
   if model == "baseline":
     assert names == ["LSTM"] * 3

@@ -245,9 +245,13 @@ def test_a_base_field_added_since_a_run_reads_as_its_default():
   assert config_changes(old, {"seed": 0, "selection": {
       "metric": "accuracy", "mode": "min"}}) == [
           "selection.metric: 'loss' -> 'accuracy'"]
-  # a field base_config does not have stays absent
+  # a field base_config does not have stays absent, unless given None (an
+  # optional field left unset, as data.test_batch_size in an older run)
   assert config_changes(old, {"seed": 0, "extra": 1}) == [
       "extra: '(absent)' -> 1"]
+  assert config_changes(old, {"seed": 0, "data": {"extra": None}}) == []
+  assert config_changes({"data": {"extra": None}}, {}) == [
+      "data.extra: None -> '(absent)'"]
 
 
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):

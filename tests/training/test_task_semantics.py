@@ -162,6 +162,46 @@ def test_lm_evaluate_is_the_mean_nll_of_one_pass_over_each_stream(
   np.testing.assert_allclose(got["loss"], want, rtol=1e-5)
 
 
+def test_lm_test_split_streams_in_test_batch_size(monkeypatch):
+  """data.test_batch_size=1 (AWD-LSTM's test batch): the test split is one
+  stream whose state runs through all of it, its loss the mean NLL of one
+  pass over the whole split; valid keeps eval_batch_size streams."""
+  vocab = Vocab(["<unk>", "<eos>", "a", "b", "c", "d", "e"])
+  rs = np.random.RandomState(4)
+  n = B * (2 * BPTT + 3)                         # 22 tokens a split
+  ids = {s: rs.randint(0, V, n).astype(np.int32)
+         for s in ("train", "valid", "test")}
+  monkeypatch.setattr(corpora, "load_corpus",
+                      lambda name, split, *a, **kw: (ids[split], vocab))
+  task = make_task(common.config(
+      "lm", common.lm_data(corpus="ptb", batch_size=B, bptt=BPTT,
+                           eval_batch_size=B, eval_bptt=BPTT,
+                           test_batch_size=1),
+      cell="lstm", hidden_size=8, embed_size=8))
+  assert (task.eval_streams("test"), task.eval_streams("valid")) == (1, B)
+  params = task.init_params(jax.random.key(1))
+  leaves, tree = jax.tree.flatten(params)
+  keys = jax.random.split(jax.random.key(2), len(leaves))
+  params = jax.tree.unflatten(tree, [
+      w + jax.random.normal(k, w.shape, w.dtype) for w, k in zip(leaves, keys)])
+
+  def one_pass(rows):
+    logits, _ = task.apply(params, jnp.asarray(rows[:, :-1]),
+                           jnp.full((rows.shape[0],), rows.shape[1] - 1,
+                                    jnp.int32),
+                           task.model.initial_carries(params, rows.shape[0]))
+    lp = _log_softmax(logits)
+    return -np.mean(np.take_along_axis(lp, rows[:, 1:, None], -1))
+
+  np.testing.assert_allclose(task.evaluate(params, "test", 1.0)["loss"],
+                             one_pass(ids["test"][None, :]), rtol=1e-5)
+  np.testing.assert_allclose(task.evaluate(params, "valid", 1.0)["loss"],
+                             one_pass(ids["valid"].reshape(B, -1)), rtol=1e-5)
+  windows = list(task.token_losses(params, "test", 1.0))
+  assert {w[1].shape[0] for w in windows} == {1}
+  assert sum(int(w[2][0]) for w in windows) == n - 1
+
+
 def test_lm_bits_per_char_counts_the_characters_of_bigram_symbols(
     monkeypatch):
   """On the character-bigram corpus a symbol stands for its characters

@@ -56,8 +56,9 @@ class LanguageModelTask(ModelTask):
   def __init__(self, config):
     d = self.data_cfg = config.data
     check_ints(d, {"batch_size": 1, "bptt": 1, "eval_batch_size": 1,
-                   "eval_bptt": 1, "seed": 0, "pad_to": 1},
-               optional=("pad_to",))
+                   "eval_bptt": 1, "seed": 0, "pad_to": 1,
+                   "test_batch_size": 1},
+               optional=("pad_to", "test_batch_size"))
     check_bools(d, ("variable_bptt",))
     try:
       ids, self.vocab = corpora.load_corpus(d.corpus, "train", d.data_dir,
@@ -77,9 +78,11 @@ class LanguageModelTask(ModelTask):
     self.split_ids = _token_prefixes(self.split_ids, d)
     for s in self.eval_splits():   # each must fill the eval streams
       try:
-        batching.batchify(self.split_ids[s], d.eval_batch_size)
+        batching.batchify(self.split_ids[s], self.eval_streams(s))
       except ValueError as e:
-        raise ConfigError(f"data.eval_batch_size / data.max_eval_tokens: "
+        field = ("test_batch_size" if s == "test" and d.get("test_batch_size")
+                 else "eval_batch_size")
+        raise ConfigError(f"data.{field} / data.max_eval_tokens: "
                           f"split {s!r}: {e}") from None
     V = len(self.vocab)
     self._setup_model(build_model(config.model, lambda cells: LanguageModel(
@@ -162,13 +165,25 @@ class LanguageModelTask(ModelTask):
     mask = step_mask(lengths, ce.shape[1])
     return carry, jnp.sum(ce * mask), jnp.sum(mask), ce
 
+  def eval_streams(self, split: str) -> int:
+    """How many streams a split is evaluated in: data.test_batch_size for
+    "test" when set (AWD-LSTM validates in 10 and tests in 1, one stream
+    whose state runs through the whole split), else data.eval_batch_size
+    (older configs lack test_batch_size)."""
+    d = self.data_cfg
+    if split == "test" and d.get("test_batch_size"):
+      return int(d.test_batch_size)
+    return int(d.eval_batch_size)
+
   def token_losses(self, params, split, temperature):
     """Yields (inputs, targets, lengths, per-token nll [B, T]) over a split
-    streamed in eval_batch_size streams (for frequency-binned analyses)."""
+    streamed in `eval_streams(split)` streams (for frequency-binned
+    analyses)."""
     d = self.data_cfg
-    b = batching.StreamBatcher(self.split_ids[split], d.eval_batch_size,
-                               d.eval_bptt, pad_to=d.eval_bptt)
-    carry = self.model.initial_carries(params, d.eval_batch_size)
+    B = self.eval_streams(split)
+    b = batching.StreamBatcher(self.split_ids[split], B, d.eval_bptt,
+                               pad_to=d.eval_bptt)
+    carry = self.model.initial_carries(params, B)
     for batch in b:
       carry, _, _, ce = self._eval_step(params, carry, batch.inputs,
                                         batch.targets, batch.lengths,
