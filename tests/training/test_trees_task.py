@@ -161,3 +161,32 @@ def test_epoch_metrics_are_median_gradient_ratios_per_depth(monkeypatch):
   fake = types.SimpleNamespace(examples={"train": []}, gradient_trees=6)
   assert TreeTask.epoch_metrics(fake, None, 0) == {
       "grad_ratio_depth_1": 2.0, "grad_ratio_depth_2": 2.5}
+
+
+@pytest.mark.parametrize("field,value,msg", [
+    ("budget", 1000, r"model.budget=1000 is not read by the trees task .* "
+                     r"leave it at its default None"),
+    ("input_dropout", 0.3, "model.input_dropout=0.3 is not read by the trees "
+                           "task"),
+    ("embed_size", 50, "model.embed_size=50 is not read by the trees task"),
+    ("num_layers", 2, "model.num_layers=2 is not read by the trees task"),
+    ("forget_bias", 2.0, "model: cell 'tree_rnn' has no hyperparameter "
+                         "'forget_bias'"),
+    ("intermediate_size", 8, "model: cell 'tree_rnn' has no hyperparameter "
+                             "'intermediate_size'"),
+])
+def test_model_fields_the_trees_task_does_not_read_are_refused(field, value,
+                                                               msg):
+  """A token model's field (a budget, dropout, layers) or a hyperparameter
+  the tree cell lacks would otherwise be ignored without a word."""
+  cfg = tiny_trees.get_config()
+  cfg.model.cell = "tree_rnn"
+  cfg.model[field] = value
+  with pytest.raises(ValueError, match=msg):
+    TreeTask(cfg)
+
+
+def test_the_tree_cells_hyperparameters_reach_the_cell():
+  cfg = tiny_trees.get_config()
+  cfg.model.cell, cfg.model.activation = "tree_rnn", "relu"
+  assert TreeTask(cfg).cell.activation == "relu"

@@ -31,8 +31,8 @@ from sorjax import trees
 from sorjax.data import keyword_trees
 from sorjax.data.vocab import Vocab
 from sorjax.models.tree_classifier import TreeClassifier, loss_and_accuracy
-from sorjax.training.tasks.common import BATCH_FIELDS, ConfigError, \
-    check_bools, check_ints, check_scale
+from sorjax.training.tasks.common import BATCH_FIELDS, CELL_HPARAMS, \
+    ConfigError, check_bools, check_ints, check_scale, model_config
 
 log = logging.getLogger(__name__)
 _STEP_KEYS = ("node", "left", "right", "step_mask")
@@ -41,6 +41,32 @@ _STEP_KEYS = ("node", "left", "right", "step_mask")
 def _keyword_tree(ex) -> trees.Tree:
   t = trees.Tree.from_nested(ex.tree)
   return trees.Tree(label=str(ex.label), children=t.children, word=t.word)
+
+
+# The model fields the trees task reads: the tree cell (model.cell,
+# hidden_size and the CELL_HPARAMS that are set), the word vectors'
+# initialiser and remat. Every other one must stay at its default, except
+# `sorjax.unroll`'s speed options (unroll, hoist, fused_grad): a tree cell
+# runs no sequence loop, they cannot change a trees run, and trees runs
+# written before 29237a7 hold unroll=1, the default then.
+TREE_MODEL_FIELDS = ("cell", "hidden_size", "embedding_init", "remat",
+                     "unroll", "hoist", "fused_grad")
+
+
+def _check_unread_model_fields(m) -> None:
+  """ConfigError naming a model field set for the token models (a budget,
+  layers, dropout, an embedding size...), which the trees task would
+  otherwise ignore."""
+  defaults = dict(model_config().items(), assignment=None)
+  for k, default in defaults.items():
+    if k in TREE_MODEL_FIELDS or k in CELL_HPARAMS:
+      continue
+    v = m.get(k, default)
+    if v != default:
+      raise ConfigError(
+          f"model.{k}={v!r} is not read by the trees task (its model is the "
+          f"tree cell model.cell of model.hidden_size over word vectors of "
+          f"the same size); leave it at its default {default!r}")
 
 
 class TreeTask:
@@ -70,7 +96,10 @@ class TreeTask:
     if len(self.split_trees["train"]) < self.batch_size:  # no full batch
       raise ConfigError(f"data.batch_size={self.batch_size} exceeds the "
                         f"{len(self.split_trees['train'])} training trees")
-    extra = {"activation": m.activation} if m.get("activation") else {}
+    _check_unread_model_fields(m)
+    # the cell's hyperparameters that are set (a tree cell refuses those it
+    # does not have, e.g. tree_rnn's forget_bias), as the token models' cells
+    extra = {k: m[k] for k in CELL_HPARAMS if m.get(k) is not None}
     try:
       self.cell = cells_lib.make(m.cell, hidden_size=m.hidden_size, **extra)
     except (TypeError, ValueError) as e:
