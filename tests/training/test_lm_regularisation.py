@@ -67,3 +67,14 @@ def test_embedding_init_reaches_the_trunk_of_a_learned_table():
     trunk_kwargs(model_config(cell="lstm", hidden_size=4,
                               embedding="one_hot",
                               embedding_init="uniform_0.1"))
+
+
+@pytest.mark.parametrize("field", ["tie_embedding", "tie_projection"])
+def test_output_layer_ties_are_refused_outside_the_lm_task(field):
+  from sorjax.training.tasks import make_task
+  from tests.experiments import tiny_dyck
+  cfg = tiny_dyck.get_config()
+  cfg.model[field] = True
+  with pytest.raises(ConfigError, match=f"model.{field}=True is read by the "
+                     "lm task only .* the dyck_lm task's model does not"):
+    make_task(cfg)

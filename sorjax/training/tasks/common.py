@@ -128,6 +128,19 @@ def activation_regs(m: ml_collections.ConfigDict) -> tuple[float, float]:
   return tuple(out)
 
 
+LM_ONLY_FIELDS = ("tie_embedding", "tie_projection")
+
+
+def refuse_lm_fields(m: ml_collections.ConfigDict, task: str) -> None:
+  """ConfigError for the language model's output-layer ties set on another
+  task's model, which does not read them."""
+  for k in LM_ONLY_FIELDS:
+    if m.get(k):
+      raise ConfigError(f"model.{k}={m[k]!r} is read by the lm task only "
+                        f"(its LanguageModel ties its output layer); the "
+                        f"{task} task's model does not: leave it False")
+
+
 def trunk_kwargs(m: ml_collections.ConfigDict,
                  activation_reg: bool = False) -> dict[str, Any]:
   """The RecurrentTrunk fields of model config m. activation_reg: whether

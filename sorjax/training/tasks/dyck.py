@@ -28,7 +28,7 @@ from sorjax.models import DyckModel
 from sorjax.training.tasks.base import (EpochBatches, EpochModelTask,
                                         masked_mean, step_mask)
 from sorjax.training.tasks.common import BATCH_FIELDS, ConfigError, \
-    build_model, check_ints, check_scale, trunk_kwargs
+    build_model, check_ints, check_scale, refuse_lm_fields, trunk_kwargs
 
 _BUCKET_FIELDS = {"num_buckets": 1, "bucket_multiple": 1}
 
@@ -81,6 +81,7 @@ class DyckLM(EpochModelTask):
     self.lang, self.splits = _dyck_splits(d)
     self.k, V = self.lang.k, self.lang.vocab_size
     self.vocab = None
+    refuse_lm_fields(config.model, self.name)
     self._setup_model(build_model(config.model, lambda cells: DyckModel(
         cells=cells, vocab_size=V, head=self._head,
         num_outputs=self._num_outputs, **trunk_kwargs(config.model))),
@@ -246,6 +247,7 @@ class DyckPCFGTask(EpochModelTask):
       self.splits = {"train": train[:-n], "dev": train[-n:],
                      **{s: v for s, v in self.splits.items() if s != "train"}}
     self.loss_kind, self.vocab = d.loss, None
+    refuse_lm_fields(config.model, self.name)
     self._setup_model(build_model(config.model, lambda cells: DyckModel(
         cells=cells, vocab_size=self.grammar.vocab_size, head="admissible",
         num_outputs=self.k, **trunk_kwargs(config.model))), config, k=self.k)
