@@ -111,12 +111,27 @@ def test_evaluate_matches_numpy_per_tree(task):
     ("scale", 0.0, r"data.scale must be a finite number in \(0, 1\]"),
     ("per_node", "no", "data.per_node must be a bool"),
     ("batch_size", 500, "data.batch_size=500 exceeds the 200 training trees"),
+    ("binary", True, "data.binary=True applies to data.dataset='sst'"),
 ])
 def test_data_fields_are_checked(field, value, msg):
   from sorjax.training.tasks.common import ConfigError
   cfg = tiny_trees.get_config()
   cfg.data = {**cfg.data.to_dict(), field: value}
   with pytest.raises(ConfigError, match=msg):
+    TreeTask(cfg)
+
+
+@pytest.mark.parametrize("field,value", [("scale", 0.1), ("index", 3),
+                                         ("experiment", "depth")])
+def test_keyword_generator_fields_are_refused_for_sst(field, value):
+  """SST is read whole: a scale (or index, experiment) meant to shrink or
+  pick a keyword dataset would otherwise be ignored."""
+  from sorjax.training.tasks.common import ConfigError
+  cfg = tiny_trees.get_config()
+  cfg.data = {**cfg.data.to_dict(), "dataset": "sst", "scale": 1.0,
+              field: value}
+  with pytest.raises(ConfigError, match=f"data.{field}={value!r} applies to "
+                     "data.dataset='keyword' only; SST is read whole"):
     TreeTask(cfg)
 
 

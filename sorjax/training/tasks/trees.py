@@ -124,6 +124,10 @@ class TreeTask:
 
   # ---------------------------------------------------------------- data
   def _keyword(self, d):
+    if d.get("binary"):
+      raise ConfigError("data.binary=True applies to data.dataset='sst' "
+                        "(positive / negative roots) only; the keyword "
+                        "trees have 10 classes")
     exp = {"length": keyword_trees.length_experiment,
            "depth": keyword_trees.depth_experiment}.get(d.experiment)
     if exp is None:
@@ -142,6 +146,12 @@ class TreeTask:
 
   def _sst(self, d):
     from sorjax.data import builders
+    for k, default in (("experiment", "length"), ("index", 1),
+                       ("scale", 1.0)):   # the keyword trees' generator's
+      if d.get(k, default) != default:
+        raise ConfigError(f"data.{k}={d[k]!r} applies to data.dataset="
+                          f"'keyword' only; SST is read whole (leave it at "
+                          f"{default!r})")
     try:
       b = builders.prepare("sst", d.get("data_dir"), d.get("manual_dir"))
       source = b.as_data_source()
