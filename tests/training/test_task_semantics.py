@@ -281,3 +281,22 @@ def test_sgd_step_is_scaled_by_the_batch_lr_scale(tmp_path):
                              atol=1e-7)
   np.testing.assert_allclose(updates[0.5], 0.5 * updates[1.0], rtol=1e-4,
                              atol=1e-7)
+
+
+def test_lm_pad_to_without_variable_windows_is_refused(monkeypatch):
+  """data.pad_to only pads variable-length windows; with fixed ones it
+  would be ignored."""
+  from sorjax.training.tasks.common import ConfigError
+  vocab = Vocab(["<unk>", "<eos>", "a", "b", "c", "d", "e"])
+  ids = np.arange(200, dtype=np.int32) % V
+  monkeypatch.setattr(corpora, "load_corpus",
+                      lambda name, split, *a, **kw: (ids, vocab))
+  cfg = common.config(
+      "lm", common.lm_data(corpus="ptb", batch_size=B, bptt=BPTT,
+                           eval_batch_size=B, eval_bptt=BPTT, pad_to=16),
+      cell="lstm", hidden_size=8, embed_size=8)
+  with pytest.raises(ConfigError, match="data.pad_to=16 pads AWD-LSTM's "
+                     "variable windows"):
+    make_task(cfg)
+  cfg.data.variable_bptt = True
+  assert make_task(cfg).batcher.pad_to == 16

@@ -60,6 +60,10 @@ class LanguageModelTask(ModelTask):
                    "test_batch_size": 1},
                optional=("pad_to", "test_batch_size"))
     check_bools(d, ("variable_bptt",))
+    if d.get("pad_to") is not None and not d.variable_bptt:
+      raise ConfigError(f"data.pad_to={d.pad_to} pads AWD-LSTM's variable "
+                        f"windows (data.variable_bptt=True); fixed windows "
+                        f"are data.bptt={d.bptt} long already")
     try:
       ids, self.vocab = corpora.load_corpus(d.corpus, "train", d.data_dir,
                                             manual_dir=d.manual_dir)
