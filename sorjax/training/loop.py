@@ -335,12 +335,14 @@ class Trainer:
     self._check_selection_metric()
     os.makedirs(self.workdir, exist_ok=True)
     ckpt = Checkpointer(self.workdir, keep=tcfg.keep_checkpoints)
-    if ckpt.latest_step() is not None:
-      try:
+    try:
+      if ckpt.latest_step() is not None:
         check_resumable(self.workdir, cfg, ckpt)
-      except Exception:
-        ckpt.close()
-        raise
+      else:  # a new run (one that trained before this check still resumes)
+        self._check_temperature_is_read()
+    except Exception:
+      ckpt.close()
+      raise
     with open(os.path.join(self.workdir, "config.json"), "w") as f:
       json.dump(_to_dict(cfg), f, indent=2, sort_keys=True)
     if task.vocab is not None and hasattr(task.vocab, "save"):
@@ -493,6 +495,24 @@ class Trainer:
     metric, mode = sel.get("metric", "loss"), sel.get("mode", "min")
     check_selection(metric, mode)
     return metric, mode
+
+  def _check_temperature_is_read(self) -> None:
+    """temperature.* set on a model none of whose cells takes a temperature
+    (only the attention LSTMs do) would schedule nothing: a ConfigError
+    naming the fields. Tasks that declare their models' aux inputs
+    (`aux`) are checked."""
+    aux = getattr(self.task, "aux", None)
+    if aux is None or "temperature" in aux:
+      return
+    default = base_config().temperature
+    t = self.config.get("temperature") or {}
+    changed = sorted(k for k in default if t.get(k, default[k]) != default[k])
+    if changed:
+      from sorjax.training.tasks.common import ConfigError
+      raise ConfigError(
+          f"temperature.{', temperature.'.join(changed)} set, but no cell of "
+          f"this {self.task.name} model takes a temperature (the attention "
+          f"LSTMs' softmax does); leave temperature.* at its defaults")
 
   def _check_selection_metric(self) -> None:
     """selection.metric against the task's `metric_names()` (when it

@@ -517,3 +517,15 @@ def test_a_config_without_the_loops_fields_is_named():
                      r"\['num_epochs'\]"):
     train.validate(cfg)
   train.validate(tiny_dyck.get_config())
+
+
+def test_a_temperature_for_a_model_without_one_is_refused(tmp_path):
+  """tiny_dyck's mRNN takes no temperature: a schedule would do nothing."""
+  cfg = tiny_dyck.get_config()
+  cfg.temperature.decay, cfg.temperature.eval_value = 0.9, 0.01
+  with pytest.raises(ConfigError, match=r"temperature.decay, "
+                     r"temperature.eval_value set, but no cell of this "
+                     r"dyck_lm model takes a temperature"):
+    train.train_and_evaluate(cfg, str(tmp_path / "w"))
+  saved = tmp_path / "w" / "checkpoints"
+  assert not saved.exists() or not any(saved.iterdir())   # nothing trained

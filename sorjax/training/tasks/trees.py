@@ -71,6 +71,7 @@ def _check_unread_model_fields(m) -> None:
 
 class TreeTask:
   name = "trees"
+  aux = frozenset()   # its models take no aux inputs (no temperature)
   replicated_keys = _STEP_KEYS   # not split over devices: schedule arrays
 
   def __init__(self, config):
