@@ -338,8 +338,9 @@ class Trainer:
     try:
       if ckpt.latest_step() is not None:
         check_resumable(self.workdir, cfg, ckpt)
-      else:  # a new run (one that trained before this check still resumes)
+      else:  # a new run (one that trained before these checks resumes)
         self._check_temperature_is_read()
+        self._check_schedules_are_read()
     except Exception:
       ckpt.close()
       raise
@@ -513,6 +514,27 @@ class Trainer:
           f"temperature.{', temperature.'.join(changed)} set, but no cell of "
           f"this {self.task.name} model takes a temperature (the attention "
           f"LSTMs' softmax does); leave temperature.* at its defaults")
+
+  def _check_schedules_are_read(self) -> None:
+    """plateau.factor / patience set with plateau.enabled False, or
+    nt_asgd.nonmono with another optimizer than nt_asgd, would do nothing:
+    a ConfigError naming them."""
+    from sorjax.training.tasks.common import ConfigError
+    cfg, base = self.config, base_config()
+    plateau = cfg.get("plateau") or {}
+    if not plateau.get("enabled", False):
+      changed = [k for k in ("factor", "patience")
+                 if plateau.get(k, base.plateau[k]) != base.plateau[k]]
+      if changed:
+        raise ConfigError(
+            f"plateau.{', plateau.'.join(changed)} set with plateau.enabled "
+            f"False: set plateau.enabled=True for the learning-rate decay")
+    nonmono = (cfg.get("nt_asgd") or {}).get("nonmono",
+                                             base.nt_asgd.nonmono)
+    if cfg.optim.name != "nt_asgd" and nonmono != base.nt_asgd.nonmono:
+      raise ConfigError(
+          f"nt_asgd.nonmono={nonmono} is read by optim.name='nt_asgd' only "
+          f"(optim.name is {cfg.optim.name!r})")
 
   def _check_selection_metric(self) -> None:
     """selection.metric against the task's `metric_names()` (when it

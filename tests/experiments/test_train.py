@@ -529,3 +529,24 @@ def test_a_temperature_for_a_model_without_one_is_refused(tmp_path):
     train.train_and_evaluate(cfg, str(tmp_path / "w"))
   saved = tmp_path / "w" / "checkpoints"
   assert not saved.exists() or not any(saved.iterdir())   # nothing trained
+
+
+@pytest.mark.parametrize("fields,msg", [
+    ({"plateau.patience": 5}, "plateau.patience set with plateau.enabled "
+                              "False"),
+    ({"plateau.factor": 0.1, "plateau.patience": 2},
+     "plateau.factor, plateau.patience set with plateau.enabled False"),
+    ({"nt_asgd.nonmono": 10}, "nt_asgd.nonmono=10 is read by "
+                              "optim.name='nt_asgd' only .optim.name is "
+                              "'adam'."),
+])
+def test_schedules_set_but_not_in_use_are_refused(tmp_path, fields, msg):
+  cfg = tiny_dyck.get_config()
+  for path, v in fields.items():
+    group, field = path.split(".")
+    cfg[group][field] = v
+  with pytest.raises(ConfigError, match=msg):
+    train.train_and_evaluate(cfg, str(tmp_path / "w"))
+  cfg.plateau.enabled = True                # in use: accepted
+  if "nt_asgd.nonmono" not in fields:
+    train.validate(cfg)
