@@ -132,10 +132,9 @@ def _selection(wd: str) -> tuple[str, str]:
   """(metric, mode) the run in `wd` selected its best checkpoint by: its
   config.json's selection, ("loss", "min") without one (older runs)."""
   from sorjax.runs import read_config_json
+  from sorjax.training.optim import selection_of
   path = os.path.join(wd, "config.json")
-  sel = (read_config_json(path).get("selection")
-         if os.path.exists(path) else None) or {}
-  return sel.get("metric", "loss"), sel.get("mode", "min")
+  return selection_of(read_config_json(path) if os.path.exists(path) else {})
 
 
 def per_replica(wd: str, select: str | None = None, report: str = "test"

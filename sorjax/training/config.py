@@ -3,6 +3,8 @@ model-specific fields are added by `experiments/configs/*.py`."""
 
 from __future__ import annotations
 
+from typing import Any, Iterable, Mapping
+
 import ml_collections
 
 
@@ -36,3 +38,13 @@ def base_config() -> ml_collections.ConfigDict:
       num_epochs=10, max_steps=None, log_every=50, checkpoint_every=500,
       keep_checkpoints=3, tensorboard=True))
   return c
+
+
+def fields_set(section: Mapping[str, Any], defaults: Mapping[str, Any],
+               keys: Iterable[str] | None = None) -> list[str]:
+  """The keys (default: all of `defaults`') whose value in `section`
+  differs from `defaults`, in sorted order; a key `section` lacks (an
+  older config.json) reads as its default. What the checks of fields a
+  run would not read list."""
+  keys = defaults.keys() if keys is None else keys
+  return sorted(k for k in keys if section.get(k, defaults[k]) != defaults[k])

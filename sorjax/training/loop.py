@@ -38,10 +38,10 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from sorjax.training import asgd, interrupt
 from sorjax.training.checkpoint import Checkpointer
-from sorjax.training.config import base_config
+from sorjax.training.config import base_config, fields_set
 from sorjax.training.metrics import MetricWriter
 from sorjax.training.optim import EarlyStopping, Plateau, better, \
-    check_selection, make_optimizer, set_hyperparam, worst
+    make_optimizer, selection_of, set_hyperparam, worst
 from sorjax.training.schedules import TemperatureSchedule
 
 
@@ -213,6 +213,8 @@ class Trainer:
 
   def __init__(self, task, config, workdir: str):
     self.task, self.config, self.workdir = task, config, workdir
+    # (metric, mode) that pick the best checkpoint and drive early stopping
+    self.selection = selection_of(config)
     self.R = int(config.num_replicas)
     self.tx = make_optimizer(_to_dict(config.optim))
     t = config.temperature
@@ -488,15 +490,6 @@ class Trainer:
       writer.close()
     return state
 
-  @property
-  def selection(self) -> tuple[str, str]:
-    """(metric, mode) of config.selection; ("loss", "min") for a config
-    built before it existed."""
-    sel = self.config.get("selection") or {}
-    metric, mode = sel.get("metric", "loss"), sel.get("mode", "min")
-    check_selection(metric, mode)
-    return metric, mode
-
   def _check_temperature_is_read(self) -> None:
     """temperature.* set on a model none of whose cells takes a temperature
     (only the attention LSTMs do) would schedule nothing: a ConfigError
@@ -505,9 +498,8 @@ class Trainer:
     aux = getattr(self.task, "aux", None)
     if aux is None or "temperature" in aux:
       return
-    default = base_config().temperature
-    t = self.config.get("temperature") or {}
-    changed = sorted(k for k in default if t.get(k, default[k]) != default[k])
+    changed = fields_set(self.config.get("temperature") or {},
+                         base_config().temperature)
     if changed:
       from sorjax.training.tasks.common import ConfigError
       raise ConfigError(
@@ -523,8 +515,7 @@ class Trainer:
     cfg, base = self.config, base_config()
     plateau = cfg.get("plateau") or {}
     if not plateau.get("enabled", False):
-      changed = [k for k in ("factor", "patience")
-                 if plateau.get(k, base.plateau[k]) != base.plateau[k]]
+      changed = fields_set(plateau, base.plateau, ("factor", "patience"))
       if changed:
         raise ConfigError(
             f"plateau.{', plateau.'.join(changed)} set with plateau.enabled "

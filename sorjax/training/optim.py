@@ -187,14 +187,28 @@ class Plateau:
 MODES = ("min", "max")
 
 
+def check_mode(mode: Any) -> None:
+  """`selection.mode`: "min" or "max"; ValueError naming the field."""
+  if mode not in MODES:
+    raise ValueError(f"selection.mode must be 'min' or 'max', got {mode!r}")
+
+
 def check_selection(metric: Any, mode: Any) -> None:
   """`selection.metric` (a metric name the task's evaluate returns) and
   `selection.mode` ("min" or "max"); ValueError naming the field."""
   if not isinstance(metric, str) or not metric:
     raise ValueError(f"selection.metric must be the name of an evaluation "
                      f"metric (e.g. 'loss', 'accuracy'), got {metric!r}")
-  if mode not in MODES:
-    raise ValueError(f"selection.mode must be 'min' or 'max', got {mode!r}")
+  check_mode(mode)
+
+
+def selection_of(config: Mapping[str, Any]) -> tuple[str, str]:
+  """(metric, mode) of a config's (or a config.json dict's) selection,
+  checked; ("loss", "min") where it has none (runs written before it)."""
+  sel = config.get("selection") or {}
+  metric, mode = sel.get("metric", "loss"), sel.get("mode", "min")
+  check_selection(metric, mode)
+  return metric, mode
 
 
 def better(mode: str, value: float, best: float, min_delta: float = 0.0
@@ -217,7 +231,7 @@ class EarlyStopping:
                mode: str = "min"):
     check_number("early_stopping.patience", patience, ">= 1",
                  lambda v: v >= 1, integer=True)
-    check_selection("monitored", mode)
+    check_mode(mode)
     self.patience, self.min_delta, self.mode = patience, min_delta, mode
     self.best, self.bad = worst(mode), 0
 

@@ -84,10 +84,8 @@ class LanguageModelTask(ModelTask):
       try:
         batching.batchify(self.split_ids[s], self.eval_streams(s))
       except ValueError as e:
-        field = ("test_batch_size" if s == "test" and d.get("test_batch_size")
-                 else "eval_batch_size")
-        raise ConfigError(f"data.{field} / data.max_eval_tokens: "
-                          f"split {s!r}: {e}") from None
+        raise ConfigError(f"data.{self._streams_field(s)} / "
+                          f"data.max_eval_tokens: split {s!r}: {e}") from None
     V = len(self.vocab)
     self._setup_model(build_model(config.model, lambda cells: LanguageModel(
         cells=cells, vocab_size=V, tie_embedding=config.model.tie_embedding,
@@ -169,15 +167,18 @@ class LanguageModelTask(ModelTask):
     mask = step_mask(lengths, ce.shape[1])
     return carry, jnp.sum(ce * mask), jnp.sum(mask), ce
 
+  def _streams_field(self, split: str) -> str:
+    """The data field giving a split's number of evaluation streams."""
+    if split == "test" and self.data_cfg.get("test_batch_size"):
+      return "test_batch_size"
+    return "eval_batch_size"
+
   def eval_streams(self, split: str) -> int:
     """How many streams a split is evaluated in: data.test_batch_size for
     "test" when set (AWD-LSTM validates in 10 and tests in 1, one stream
     whose state runs through the whole split), else data.eval_batch_size
     (older configs lack test_batch_size)."""
-    d = self.data_cfg
-    if split == "test" and d.get("test_batch_size"):
-      return int(d.test_batch_size)
-    return int(d.eval_batch_size)
+    return int(self.data_cfg[self._streams_field(split)])
 
   def token_losses(self, params, split, temperature):
     """Yields (inputs, targets, lengths, per-token nll [B, T]) over a split

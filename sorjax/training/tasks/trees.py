@@ -31,6 +31,7 @@ from sorjax import trees
 from sorjax.data import keyword_trees
 from sorjax.data.vocab import Vocab
 from sorjax.models.tree_classifier import TreeClassifier, loss_and_accuracy
+from sorjax.training.config import fields_set
 from sorjax.training.tasks.common import BATCH_FIELDS, CELL_HPARAMS, \
     ConfigError, check_bools, check_ints, check_scale, model_config
 
@@ -58,15 +59,15 @@ def _check_unread_model_fields(m) -> None:
   layers, dropout, an embedding size...), which the trees task would
   otherwise ignore."""
   defaults = dict(model_config().items(), assignment=None)
-  for k, default in defaults.items():
-    if k in TREE_MODEL_FIELDS or k in CELL_HPARAMS:
-      continue
-    v = m.get(k, default)
-    if v != default:
-      raise ConfigError(
-          f"model.{k}={v!r} is not read by the trees task (its model is the "
-          f"tree cell model.cell of model.hidden_size over word vectors of "
-          f"the same size); leave it at its default {default!r}")
+  unread = fields_set(m, defaults, [k for k in defaults
+                                    if k not in TREE_MODEL_FIELDS
+                                    and k not in CELL_HPARAMS])
+  if unread:
+    k = unread[0]
+    raise ConfigError(
+        f"model.{k}={m[k]!r} is not read by the trees task (its model is the "
+        f"tree cell model.cell of model.hidden_size over word vectors of "
+        f"the same size); leave it at its default {defaults[k]!r}")
 
 
 class TreeTask:
@@ -147,12 +148,13 @@ class TreeTask:
 
   def _sst(self, d):
     from sorjax.data import builders
-    for k, default in (("experiment", "length"), ("index", 1),
-                       ("scale", 1.0)):   # the keyword trees' generator's
-      if d.get(k, default) != default:
-        raise ConfigError(f"data.{k}={d[k]!r} applies to data.dataset="
-                          f"'keyword' only; SST is read whole (leave it at "
-                          f"{default!r})")
+    generator = {"experiment": "length", "index": 1, "scale": 1.0}
+    unread = fields_set(d, generator)   # the keyword trees' generator's
+    if unread:
+      k = unread[0]
+      raise ConfigError(f"data.{k}={d[k]!r} applies to data.dataset="
+                        f"'keyword' only; SST is read whole (leave it at "
+                        f"{generator[k]!r})")
     try:
       b = builders.prepare("sst", d.get("data_dir"), d.get("manual_dir"))
       source = b.as_data_source()
