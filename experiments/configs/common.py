@@ -3,6 +3,7 @@
 import ml_collections
 
 from sorjax.training.config import base_config
+from sorjax.training.tasks import lm as lm_task
 from sorjax.training.tasks.common import model_config
 
 
@@ -28,7 +29,9 @@ def lm_data(**kw) -> ml_collections.ConfigDict:
       corpus="ptb", data_dir=None, manual_dir=None, batch_size=20, bptt=35,
       variable_bptt=False, pad_to=None, eval_batch_size=10, eval_bptt=35,
       test_batch_size=None, max_train_tokens=None, max_eval_tokens=None,
-      train_sentence_cutoff=None, seed=0))
+      train_sentence_cutoff=None, seed=0,
+      # one line per document (Maupome & Meurs 4), k-fold splits
+      **lm_task.ADDED_FIELDS))
   d.update(kw)
   return d
 

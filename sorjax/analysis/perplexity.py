@@ -75,28 +75,22 @@ def token_nll(run, split: str, tau: float | None = None) -> TokenLosses:
   """Every scored token of an LM split, in corpus order. The task streams
   the split as `task.eval_streams(split)` rows of N consecutive tokens
   (data.eval_batch_size, or test_batch_size for the test split; row r holds
-  tokens r*N .. r*N + N - 1; the trailing len % B are dropped); each row's
-  first token has no context and is not scored."""
+  tokens r*N .. r*N + N - 1; the trailing len % B are dropped), each row's
+  first token without context and not scored; or, with data.documents,
+  reads it line by line, every token scored."""
   require_task("token_nll", run, ("lm",))
   split = check_split("token_nll", run, split)
-  rows_t, rows_l = None, None
-  for _, targets, lengths, ce in run.task.token_losses(
-      run.params, split, temperature(run, tau)):
-    n = int(lengths[0])          # every stream has the same window length
-    if rows_t is None:
-      rows_t = [[] for _ in range(targets.shape[0])]
-      rows_l = [[] for _ in range(targets.shape[0])]
-    for r in range(targets.shape[0]):
-      rows_t[r].append(targets[r, :n])
-      rows_l[r].append(ce[r, :n])
-  rows_t = [np.concatenate(r) for r in rows_t]
-  N = len(run.task.split_ids[split]) // len(rows_t)
-  index = np.concatenate([r * N + 1 + np.arange(t.size)
-                          for r, t in enumerate(rows_t)])
-  return TokenLosses(
-      np.concatenate(rows_t).astype(np.int64),
-      np.concatenate([np.concatenate(r) for r in rows_l]).astype(np.float64),
-      index.astype(np.int64))
+  targets, nll, index = [], [], []
+  for b in run.task.token_losses(run.params, split, temperature(run, tau)):
+    scored = b.positions >= 0
+    targets.append(b.targets[scored])
+    nll.append(b.nll[scored])
+    index.append(b.positions[scored])
+  index = np.concatenate(index).astype(np.int64)
+  order = np.argsort(index, kind="stable")
+  return TokenLosses(np.concatenate(targets).astype(np.int64)[order],
+                     np.concatenate(nll).astype(np.float64)[order],
+                     index[order])
 
 
 def train_counts(run) -> np.ndarray:

@@ -292,14 +292,16 @@ def word_ablation(run, split: str | None = None, position: int = 0,
   per lstm-like layer and per group of units sorted by timescale. Dyck
   splits: the first max_sequences sequences; LM splits: the windows of
   eval_bptt tokens of the first max_tokens tokens (default max_sequences
-  windows), each ablated at `position` from the state the stream reached."""
+  windows), each ablated at `position` from the state the stream reached;
+  with data.documents, its first max_sequences lines, each from h_0."""
   name = "word_ablation"
   layers = _layers(name, run)
   split = check_split(name, run, split)
   checks.check_int(f"{name}: position", position, 0)
   tau = temperature(run, tau)
   task = run.task
-  if task.name == "lm" and max_tokens is None and max_sequences:
+  if (task.name == "lm" and not task.documents and max_tokens is None
+      and max_sequences):
     # every window is kept in memory: as many windows as max_sequences
     max_tokens = int(max_sequences) * task.data_cfg.eval_bptt
   deltas = {l: [] for l in layers}      # per batch [B, T - position, H]

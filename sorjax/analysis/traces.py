@@ -166,13 +166,26 @@ def split_sequences(task, split: str) -> list[np.ndarray]:
 def batches(task, split: str, max_tokens: int | None = None,
             max_sequences: int | None = None) -> Iterator[tuple]:
   """(tokens [B, T], lengths [B], carry_over) over a split: the LM task's
-  TBPTT windows (carry_over True: each window continues the last), or the
-  Dyck tasks' padded sequences (carry_over False)."""
+  TBPTT windows (carry_over True: each window continues the last), or
+  its lines with data.documents and the Dyck tasks' padded sequences
+  (carry_over False)."""
   from sorjax.data import batching
   for flag, v in (("max_tokens", max_tokens),
                   ("max_sequences", max_sequences)):
     if v is not None and v < 1:
       raise ValueError(f"--{flag} must be >= 1, got {v}")
+  if task.name == "lm" and task.documents:   # lines, each from h_0
+    inputs = task.split_docs[split][0]
+    if max_tokens is not None:    # the lines that start in the first tokens
+      starts = task.doc_starts[split]
+      inputs = inputs[:max(1, int(np.sum(starts < max_tokens)))]
+    if max_sequences is not None:
+      inputs = inputs[:int(max_sequences)]
+    for b in batching.SequenceBatcher(inputs, task.eval_streams(split),
+                                      boundaries=task.boundaries,
+                                      shuffle=False):
+      yield b.inputs, b.lengths, False
+    return
   if task.name == "lm":
     d = task.data_cfg
     ids, B = task.split_ids[split], task.eval_streams(split)
@@ -196,8 +209,11 @@ def batches(task, split: str, max_tokens: int | None = None,
 def sample(task, split: str, num: int) -> tuple[np.ndarray, np.ndarray]:
   """(tokens [n, T], lengths [n]) of the first `num` sequences of a split,
   as the model reads them: Dyck tasks' sequences in split order; an LM
-  split's first `num` consecutive windows of eval_bptt tokens."""
-  if task.name == "lm":
+  split's first `num` consecutive windows of eval_bptt tokens, or with
+  data.documents its first `num` lines (from their leading `<eos>`)."""
+  if task.name == "lm" and task.documents:
+    rows = task.split_docs[split][0][:num]
+  elif task.name == "lm":
     L = task.data_cfg.eval_bptt
     ids = np.asarray(task.split_ids[split][:num * L], np.int32)
     n = max(1, ids.size // L)

@@ -283,17 +283,27 @@ def cut_stream_sentences(ids: Any, eos_id: int, cutoff: int
   Returns:
     (the cut stream, how many sentences were longer than `cutoff`).
   """
-  ids = _as_ids("cut_stream_sentences", "ids", ids)
-  _check_id("cut_stream_sentences", "eos_id", eos_id)
   check_int("cut_stream_sentences", "cutoff", cutoff, 1)
-  ends = np.flatnonzero(ids == eos_id)
-  pieces = np.split(ids, ends + 1)       # each ends in eos_id but the last
-  bodies = [p[:-1] if len(p) and p[-1] == eos_id else p for p in pieces]
+  docs = split_documents(ids, eos_id, "cut_stream_sentences")
+  ended = [d.size > 0 and d[-1] == eos_id for d in docs]
+  bodies = [d[:-1] if e else d for d, e in zip(docs, ended)]
   cut, num_cut = cut_sentences(bodies, cutoff)
   eos = np.asarray([eos_id], np.int32)
-  out = [np.concatenate([c, eos]) if i < len(ends) else c
-         for i, c in enumerate(cut)]
+  out = [np.concatenate([c, eos]) if e else c for c, e in zip(cut, ended)]
   return np.concatenate(out).astype(np.int32), num_cut
+
+
+def split_documents(ids: Any, eos_id: int, fn: str = "split_documents"
+                    ) -> list[np.ndarray]:
+  """A token stream cut after every `eos_id`: one array per line, each
+  ending in its eos_id; tokens after the last eos_id (a stream cut short,
+  e.g. a token prefix) form a final document without one. Concatenated,
+  the documents are the stream again."""
+  ids = _as_ids(fn, "ids", ids)
+  _check_id(fn, "eos_id", eos_id)
+  ends = np.flatnonzero(ids == eos_id)
+  docs = np.split(ids, ends + 1)
+  return docs if docs[-1].size or len(docs) == 1 else docs[:-1]
 
 
 def length_boundaries(lengths: Any, num_buckets: int, multiple: int = 8

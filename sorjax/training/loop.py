@@ -43,6 +43,7 @@ from sorjax.training.metrics import MetricWriter
 from sorjax.training.optim import EarlyStopping, Plateau, better, \
     make_optimizer, selection_of, set_hyperparam, worst
 from sorjax.training.schedules import TemperatureSchedule
+from sorjax.training.tasks import added_fields
 
 
 @flax.struct.dataclass
@@ -82,17 +83,20 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
   return out
 
 
-def config_changes(saved: dict, given: dict) -> list[str]:
+def config_changes(saved: dict, given: dict,
+                   added: dict[str, Any] | None = None) -> list[str]:
   """The fields, outside RESUMABLE, whose values differ between the saved
   config and the given one, as 'path: saved -> given'. A field that the
   saved config lacks (one added since that run) reads as what that run
-  did: `base_config()`'s default for its fields (selection.*), and for any
-  other field None, "not set", the default of every optional field (such
-  as data.test_batch_size)."""
+  did: `base_config()`'s default for its fields (selection.*), `added`'s
+  value for a task's fields added since ('data.documents': False for the
+  lm task), and for any other field None, "not set", the default of every
+  optional field (such as data.test_batch_size)."""
   a = _flat(saved)
   b = _flat(json.loads(json.dumps(given)))  # tuples as the saved lists
   absent = "(absent)"
-  defaults = _flat(json.loads(json.dumps(base_config().to_dict())))
+  defaults = {**_flat(json.loads(json.dumps(base_config().to_dict()))),
+              **(added or {})}
   out = []
   for path in sorted(set(a) | set(b)):
     if any(path == r or path.startswith(r + ".") for r in RESUMABLE):
@@ -127,7 +131,8 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer) -> None:
     if saved is None:  # written before checkpoints held their config
       logging.warning("%s holds no config to compare with", path)
       return
-  changes = config_changes(saved, _to_dict(config))
+  changes = config_changes(saved, _to_dict(config),
+                           added_fields(config.get("task")))
   if changes:
     shown = "; ".join(changes[:8]) + (
         f"; and {len(changes) - 8} more" if len(changes) > 8 else "")

@@ -8,7 +8,8 @@ import pytest
 from sorjax.data.batching import (SequenceBatcher, StreamBatcher, awd_seq_len,
                                   batchify, cut_sentences,
                                   cut_stream_sentences, kfold,
-                                  length_boundaries, lm_pairs)
+                                  length_boundaries, lm_pairs,
+                                  split_documents)
 
 
 def _distinct_stream(n, seed=0):
@@ -423,6 +424,22 @@ def test_cut_stream_sentences_keeps_each_lines_prefix_and_its_eos():
     cut_stream_sentences(ids, E, 0)
   with pytest.raises(ValueError, match="ids must be a 1-D integer array"):
     cut_stream_sentences(np.ones((2, 2), np.int32), E, 2)
+
+
+def test_split_documents_cuts_after_each_eos_and_keeps_a_trailing_piece():
+  E = 9
+  ids = [1, 2, E, E, 3, E, 4, 5]            # an empty line, then no eos
+  docs = split_documents(ids, E)
+  assert [d.tolist() for d in docs] == [[1, 2, E], [E], [3, E], [4, 5]]
+  assert all(d.dtype == np.int32 for d in docs)
+  np.testing.assert_array_equal(np.concatenate(docs), ids)
+  ended = split_documents([1, E, 2, E], E)   # no empty document at the end
+  assert [d.tolist() for d in ended] == [[1, E], [2, E]]
+  assert [d.tolist() for d in split_documents([], E)] == [[]]
+  with pytest.raises(ValueError, match="split_documents: ids must be a 1-D"):
+    split_documents(np.ones((2, 2), np.int32), E)
+  with pytest.raises(ValueError, match="eos_id must be an int"):
+    split_documents([1, 2], -1)
 
 
 # ================================================================== k-fold

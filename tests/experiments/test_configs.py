@@ -59,7 +59,12 @@ PCFG = {"data.scale": 0.002, "data.batch_size": 8, "data.eval_batch_size": 8,
         "data.num_buckets": 1, "model.hidden_size": 8}
 # Budgets large enough that one step of H moves the count by < 2%, so the
 # solver finds a size within its 1% tolerance.
-MAUPOME = {**LM, "model.budget": 20_000}
+# Maupome & Meurs read whole lines (data.documents): the lines of a prefix
+# of 400 training characters (3-4 lines, so 2 batches of 2), one length
+# bucket, so each step compiles once.
+MAUPOME = {"data.batch_size": 2, "data.eval_batch_size": 2,
+           "data.max_train_tokens": 400, "data.max_eval_tokens": 34,
+           "data.num_buckets": 1, "model.budget": 20_000}
 CHAR = {**LM, "model.budget": 60_000, "model.embed_size": 8}
 CHAR2 = {**LM, "model.budget": 300_000, "model.embed_size": 8}
 WORD = {**LM, "model.budget": 600_000, "model.embed_size": 4}
@@ -318,6 +323,10 @@ def test_maupome_ablation_is_section_4_1(terms, flags, activation):
   c = maupome_ablation.get_config(f"{terms},{activation}")
   assert (c.data.corpus, c.data.batch_size, c.train.num_epochs) == (
       "ptb_char_maupome", 64, 25)
+  # each line a document; 5-fold cross-validation, 10% of training held out
+  assert (c.data.documents, c.data.folds, c.data.fold,
+          c.data.fold_valid_fraction) == (True, 5, 0, 0.1)
+  assert c.data.bptt is None and c.data.eval_bptt is None
   assert c.model.embedding == "one_hot" and c.optim.name == "adam"
   model = _lm_model(c, MAUPOME_V)
   cell = model.cells[0]

@@ -254,6 +254,31 @@ def test_a_base_field_added_since_a_run_reads_as_its_default():
       "data.extra: None -> '(absent)'"]
 
 
+def test_a_task_field_added_since_a_run_reads_as_what_that_run_did():
+  """An LM run saved before data.documents / data.folds existed resumes
+  with them off, and not with them on."""
+  from sorjax.training.loop import config_changes
+  from sorjax.training.tasks import added_fields
+  added = added_fields("lm")
+  assert added["data.documents"] is False and added["data.folds"] is None
+  assert added_fields("trees") == {} and added_fields("nope") == {}
+  old = {"task": "lm", "data": {"corpus": "ptb"}}
+  now = {"task": "lm", "data": {"corpus": "ptb", "documents": False,
+                                "num_buckets": 16, "bucket_multiple": 8,
+                                "folds": None, "fold": 0,
+                                "fold_valid_fraction": 0.1, "fold_seed": 0}}
+  assert config_changes(old, now, added) == []
+  now["data"].update(documents=True, fold=1)
+  assert config_changes(old, now, added) == [
+      "data.documents: False -> True", "data.fold: 0 -> 1"]
+  assert config_changes(old, now) == [
+      "data.bucket_multiple: '(absent)' -> 8",
+      "data.documents: '(absent)' -> True", "data.fold: '(absent)' -> 1",
+      "data.fold_seed: '(absent)' -> 0",
+      "data.fold_valid_fraction: '(absent)' -> 0.1",
+      "data.num_buckets: '(absent)' -> 16"]
+
+
 def test_non_finite_loss_stops_and_keeps_last_good_checkpoint(tmp_path):
   with pytest.raises(NonFiniteLossError, match="non-finite"):
     run(tmp_path, task=ToyTask(nan_at_batch=105))   # epoch 1, batch 5

@@ -19,6 +19,18 @@ def names() -> list[str]:
   return sorted(_TASKS)
 
 
+def added_fields(task: str | None) -> dict:
+  """The config fields a task gained after runs were saved, by dotted path,
+  with the value that does what those runs did (`config_changes` reads a
+  saved config.json's missing fields so); {} for an unknown task."""
+  if task not in _TASKS:
+    return {}
+  module, cls = _TASKS[task]
+  fields = getattr(getattr(importlib.import_module(
+      f"sorjax.training.tasks.{module}"), cls), "ADDED_FIELDS", {})
+  return {f"data.{k}": v for k, v in fields.items()}
+
+
 def make_task(config):
   """Builds config.task; every config error surfaces here, before any
   compilation, as a ConfigError naming the field."""
