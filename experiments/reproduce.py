@@ -30,6 +30,7 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
+from experiments.results import ResultsError, per_replica, stats, summarise
 from sorjax.checks import check_int, output_dir_problem
 from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
@@ -51,7 +52,7 @@ flags.DEFINE_bool("small_loops", False,
                   "As experiments.main's --small_loops (sorjax.small_loops).")
 
 
-class ReproduceError(ValueError):
+class ReproduceError(ResultsError):
   """A bad item, scale or option (names it)."""
 
 
@@ -126,65 +127,6 @@ def train(ctx: Context, name: str, config: str, string: str,
       json.dump(record, f, indent=1)
   ctx.runs.append(record)
   return wd
-
-
-def _selection(wd: str) -> tuple[str, str]:
-  """(metric, mode) the run in `wd` selected its best checkpoint by: its
-  config.json's selection, ("loss", "min") without one (older runs)."""
-  from sorjax.runs import read_config_json
-  from sorjax.training.optim import selection_of
-  path = os.path.join(wd, "config.json")
-  return selection_of(read_config_json(path) if os.path.exists(path) else {})
-
-
-def per_replica(wd: str, select: str | None = None, report: str = "test"
-                ) -> list[dict]:
-  """Per replica: the `report` split's metrics at the epoch whose `select`
-  split (default: the "dev" or "valid" split) was best by the run's
-  selection (config.json's selection.metric / mode: the lowest loss unless
-  the run chose otherwise, as Le & Zuidema's highest dev accuracy), with
-  that epoch (`best_epoch`) and the epochs run."""
-  from sorjax.training.metrics import read_metrics
-  metric, mode = _selection(wd)
-  recs = read_metrics(wd)
-  splits = {r["split"] for r in recs}
-  if select is None:
-    select = next((s for s in ("dev", "valid") if s in splits), "dev")
-  if select not in splits:
-    raise ReproduceError(f"{wd}/metrics.jsonl: no {select!r} records "
-                         f"(splits: {sorted(splits)})")
-  out = []
-  replicas = sorted({int(r["replica"]) for r in recs if r["split"] == select})
-  for r in replicas:
-    sel = [x for x in recs if x["split"] == select and x["replica"] == r]
-    if any(metric not in x for x in sel):
-      raise ReproduceError(f"{wd}/metrics.jsonl: the {select!r} records lack "
-                           f"{metric!r}, the run's selection.metric")
-    best = (min if mode == "min" else max)(sel, key=lambda x: x[metric])
-    rep = [x for x in recs if x["split"] == report and x["replica"] == r
-           and x["step"] == best["step"]]
-    if not rep:
-      raise ReproduceError(f"{wd}/metrics.jsonl: no {report!r} record at "
-                           f"step {best['step']} (replica {r})")
-    row = {k: v for k, v in rep[-1].items()
-           if k not in ("split", "time", "replica", "temperature")}
-    row.update(best_epoch=int(best["epoch"]),
-               epochs_run=int(max(x["epoch"] for x in sel)))
-    out.append(row)
-  return out
-
-
-def stats(values) -> dict:
-  """Mean, sample standard deviation, min and max over seeds."""
-  v = np.asarray([float(x) for x in values], np.float64)
-  return {"mean": float(v.mean()),
-          "std": float(v.std(ddof=1)) if v.size > 1 else 0.0,
-          "min": float(v.min()), "max": float(v.max()), "n": int(v.size),
-          "values": v.tolist()}
-
-
-def summarise(rows: list[dict], keys) -> dict:
-  return {k: stats([r[k] for r in rows]) for k in keys if k in rows[0]}
 
 
 def restore(wd: str, replica: int = 0, step="best"):
@@ -555,7 +497,14 @@ def item_maupome(ctx: Context) -> dict:
   """3. General second-order RNN first-order-term ablation and the
   |m|/|h| sweep on PTB characters (Maupome & Meurs Table 1, Fig. 1)."""
   budget = 4_000 if ctx.micro else 20_000
-  ov = {**_lm_scale(ctx), "model.budget": budget}
+  # Whole lines (data.documents), fold 0 of the configs' 5 folds: no
+  # windows to scale, fewer length buckets at micro scale.
+  ov = {k: v for k, v in _lm_scale(ctx).items()
+        if k not in ("data.bptt", "data.eval_bptt")}
+  ov.update({"model.budget": budget, "data.eval_batch_size":
+             ov["data.batch_size"]})
+  if ctx.micro:
+    ov["data.num_buckets"] = 2
   # Table 1's rows: eq. 9 with D x + E h, D only, E only, neither, under
   # both activations, then the two references.
   rows_t = [(t, a) for a in ("tanh", "identity")
@@ -569,7 +518,8 @@ def item_maupome(ctx: Context) -> dict:
     wd = train(ctx, name, "maupome_ablation", f"{terms},{act}", ov)
     rows = per_replica(wd)
     res[name] = {"per_replica": rows, **summarise(
-        rows, ("bits_per_token", "bpc", "loss", "best_epoch")),
+        rows, ("bits_per_char", "document_bits_per_char", "loss",
+               "best_epoch")),
                  "bpc_from_loss": stats([r["loss"] / math.log(2)
                                          for r in rows])}
   # Fig. 1's grid of |m|/|h|.
@@ -835,7 +785,7 @@ def main(argv):
   try:
     s = reproduce(argv[1], FLAGS.workdir, FLAGS.scale, FLAGS.replicas,
                   FLAGS.figures)
-  except (ReproduceError, ConfigError) as e:
+  except (ResultsError, ConfigError) as e:
     sys.exit(f"reproduce error: {e}")
   except Interrupted as e:
     e.exit()

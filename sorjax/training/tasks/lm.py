@@ -25,6 +25,7 @@ documents of each one's loss (and bits per character).
 
 from __future__ import annotations
 
+import logging
 import math
 from typing import NamedTuple
 
@@ -40,6 +41,8 @@ from sorjax.training.tasks.base import ModelTask, masked_mean, step_mask
 from sorjax.training.tasks.common import ConfigError, activation_regs, \
     build_model, check_bools, check_ints, trunk_kwargs
 from sorjax.training.config import fields_set
+
+log = logging.getLogger(__name__)
 
 # Data fields added after the first runs were saved, with the value that
 # does what those runs did (read for a field their config.json lacks).
@@ -99,8 +102,11 @@ def _folds(split_ids: dict, eos_id: int, d) -> tuple[dict, dict]:
   out = {s: np.concatenate([lines[i] for i in idx]).astype(np.int32)
          for s, idx in (("train", fold.train), ("valid", fold.valid),
                         ("test", fold.test))}
-  return out, {s: int(getattr(fold, s).size)
-               for s in ("train", "valid", "test")}
+  counts = {s: int(getattr(fold, s).size) for s in ("train", "valid", "test")}
+  log.info("data.fold %d of %d: %d train, %d valid, %d test lines of %d",
+           d.fold, k, counts["train"], counts["valid"], counts["test"],
+           len(lines))
+  return out, counts
 
 
 def _check_fields(d) -> None:

@@ -1,0 +1,164 @@
+"""k-fold cross-validation of one LM config: every fold, then their mean.
+
+    python -m experiments.crossval \\
+        --config=experiments/configs/maupome_ablation.py:none,tanh \\
+        --workdir=runs/mm_none [--folds=0,1] [--config.x=...]
+
+The config must set data.folds = k (Maupome & Meurs: 5; their configs do).
+Fold f trains as `experiments.main` would with --config.data.fold=f, in
+WORKDIR/fold_<f> (rerunning resumes an unfinished fold and skips a finished
+one). Each fold's result is its test metrics at the epoch of its best
+validation (the run's selection), averaged over its replicas; the summary,
+WORKDIR/crossval.json, holds every fold's numbers and their mean and sample
+sd over the folds ("the average performance on the 20% test set across the
+folds", Maupome & Meurs 4). `--folds` runs some folds only; the summary then
+covers the folds finished so far.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+
+import jax
+from absl import app, flags, logging
+
+from experiments import train
+from experiments.results import ResultsError, per_replica, stats
+from sorjax.checks import output_dir_problem
+from sorjax.training.interrupt import Interrupted
+from sorjax.training.tasks.common import ConfigError
+
+FLAGS = flags.FLAGS
+DONE = "crossval_fold.json"   # written in a fold's directory when it ends
+NOT_METRICS = ("step", "epoch", "best_epoch", "epochs_run")
+
+
+class CrossvalError(ValueError):
+  """A config, flag or folder cross-validation cannot run with (names it)."""
+
+
+def fold_numbers(config, chosen) -> list[int]:
+  """The folds to run: `chosen` (strings from --folds) or all 0..k-1."""
+  data = config.get("data") or {}
+  k = data.get("folds")
+  if k is None:
+    raise CrossvalError(
+        "the config's data.folds is None (or absent: task "
+        f"{config.get('task')!r}); cross-validation needs k folds, e.g. "
+        "--config.data.folds=5 on an lm config")
+  if chosen is None:
+    return list(range(int(k)))
+  out = []
+  for f in chosen:
+    try:
+      n = int(f)
+    except ValueError:
+      n = -1
+    if not 0 <= n < int(k) or n in out:
+      raise CrossvalError(f"--folds={','.join(chosen)}: {f!r} is not a new "
+                          f"fold of 0..{int(k) - 1} (data.folds={k})")
+    out.append(n)
+  return out
+
+
+def run_fold(config, fold: int, workdir: str) -> dict:
+  """Trains fold `fold` of `config` in WORKDIR/fold_<fold> unless it has
+  finished before; returns its record (directory, wall time)."""
+  wd = os.path.join(workdir, f"fold_{fold}")
+  done = os.path.join(wd, DONE)
+  if os.path.exists(done):
+    with open(done) as f:
+      return json.load(f)
+  cfg = config.copy_and_resolve_references()
+  cfg.data.fold = fold
+  logging.info("crossval: fold %d of %d in %s", fold, cfg.data.folds, wd)
+  t0 = time.perf_counter()
+  train.train_and_evaluate(cfg, wd)
+  record = {"fold": fold, "workdir": wd,
+            "wall_s": round(time.perf_counter() - t0, 1)}
+  with open(done, "w") as f:
+    json.dump(record, f, indent=1)
+  return record
+
+
+def summarise_folds(workdir: str, k: int) -> dict:
+  """Per finished fold: its replicas' test metrics (at each one's best
+  validation epoch) and their mean; over the folds, the mean and sample sd
+  of those means."""
+  folds = {}
+  for f in range(k):
+    wd = os.path.join(workdir, f"fold_{f}")
+    if not os.path.exists(os.path.join(wd, DONE)):
+      continue
+    rows = per_replica(wd)
+    names = [n for n in rows[0] if n not in NOT_METRICS
+             and isinstance(rows[0][n], (int, float))]
+    folds[f] = {"per_replica": rows,
+                "mean": {n: float(sum(r[n] for r in rows) / len(rows))
+                         for n in names}}
+  if not folds:
+    raise CrossvalError(f"{workdir}: no finished fold (fold_*/{DONE})")
+  names = [n for n in next(iter(folds.values()))["mean"]
+           if all(n in v["mean"] for v in folds.values())]
+  return {"folds": k, "finished": sorted(folds),
+          "per_fold": {str(f): v for f, v in folds.items()},
+          "test": {n: stats([v["mean"][n] for v in folds.values()])
+                   for n in names}}
+
+
+def crossval(config, workdir: str, chosen=None) -> dict:
+  """Runs the chosen folds, then writes and returns the summary."""
+  problem = output_dir_problem(workdir)
+  if problem is not None:
+    raise CrossvalError(f"--workdir={workdir}: {problem}")
+  folds = fold_numbers(config, chosen)
+  train.validate(config)
+  runs = [run_fold(config, f, workdir) for f in folds]
+  summary = {"config": json.loads(config.to_json()), "runs": runs,
+             **summarise_folds(workdir, int(config.data.folds))}
+  with open(os.path.join(workdir, "crossval.json"), "w") as f:
+    json.dump(summary, f, indent=1)
+  return summary
+
+
+def main(argv):
+  if len(argv) > 1:
+    raise app.UsageError(f"unexpected arguments: {argv[1:]}")
+  if any(a == "--config.data.fold" or a.startswith("--config.data.fold=")
+         for a in sys.argv):
+    raise app.UsageError("--config.data.fold: crossval trains every fold "
+                         "itself; choose some with --folds")
+  train.prepare_process(FLAGS.host_malloc, FLAGS.small_loops,
+                        FLAGS.cpu_devices)
+  workdir = os.path.expanduser(FLAGS.workdir)
+  try:
+    s = crossval(FLAGS.config, workdir, FLAGS.folds)
+  except (CrossvalError, ResultsError, ConfigError) as e:
+    logging.error("crossval error: %s", e)
+    sys.exit(f"crossval error: {e}")
+  except Interrupted as e:
+    e.exit()
+  done = s["finished"]
+  print(f"{workdir}: {len(done)} of {s['folds']} folds finished {done}")
+  for name, v in s["test"].items():
+    print(f"  test {name}: {v['mean']:.4f} +- {v['std']:.4f} "
+          f"(folds: {', '.join(f'{x:.4f}' for x in v['values'])})")
+
+
+def cli():
+  """The command: experiments.main's flags (--config with its overrides,
+  --workdir, --host_malloc, ...) and --folds. The flags are defined here,
+  not on import, so tests can import this module beside
+  experiments.reproduce, which defines flags of the same names."""
+  from experiments import main as main_lib
+  flags.DEFINE_list("folds", None, "Which folds to train (default: all of "
+                    "data.folds), e.g. 0,1.")
+  jax.config.config_with_absl()  # every JAX option as a --jax_* flag
+  app.run(main, flags_parser=main_lib.parse_flags)
+
+
+if __name__ == "__main__":
+  cli()
