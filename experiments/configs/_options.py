@@ -26,12 +26,14 @@ from sorjax.training.tasks.common import ConfigError
 # num_matrices, timescales) are left alone: their CLI form is a string.
 OPTIONAL = {
     "train.max_steps": int, "early_stopping.patience": int,
+    "early_stopping.stop_below": float,
     "temperature.eval_value": float, "optim.clip_norm": float,
     "optim.momentum": float, "optim.total_steps": int,
     "optim.end_value": float,
     "data.preset": str, "data.max_length": int, "data.data_dir": str,
     "data.manual_dir": str, "data.pad_to": int, "data.max_train_tokens": int,
-    "data.test_batch_size": int,
+    "data.test_batch_size": int, "data.folds": int, "data.bptt": int,
+    "data.eval_bptt": int,
     "data.max_eval_tokens": int, "data.train_sentence_cutoff": int,
     "model.cell": str, "model.hidden_size": int, "model.budget": int,
     "model.intermediate_ratio": float, "model.embedding_init": str,
