@@ -203,3 +203,21 @@ def test_unread_or_bad_document_and_fold_fields_are_refused(corpus, data,
                                                             match):
   with pytest.raises(ConfigError, match=match):
     make_task(_config(**data))
+
+
+def test_the_trace_analyses_read_lines_from_the_zero_state(corpus):
+  from sorjax.analysis import traces
+  task = make_task(_config())
+  tokens, lengths = traces.sample(task, "valid", 2)
+  for r, line in enumerate(LINES["valid"][:2]):
+    assert lengths[r] == line.size + 1
+    np.testing.assert_array_equal(tokens[r, :lengths[r]],
+                                  np.concatenate([[EOS], line]))
+  seen = []
+  for x, n, carry_over in traces.batches(task, "valid"):
+    assert not carry_over
+    seen += [tuple(x[r, 1:n[r]]) for r in range(len(n)) if n[r]]
+  assert sorted(seen) == sorted(tuple(l) for l in LINES["valid"])
+  first = [tuple(x[r, 1:n[r]]) for x, n, _ in traces.batches(
+      task, "valid", max_sequences=3) for r in range(len(n)) if n[r]]
+  assert sorted(first) == sorted(tuple(l) for l in LINES["valid"][:3])
