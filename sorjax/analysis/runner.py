@@ -337,7 +337,8 @@ SAME_DATA = ("perplexity", "frequency", "token_losses")
 _DYCK = ("k", "m", "preset", "num_train", "num_dev", "num_test",
          "max_length", "seed", "scale")
 _DATA_FIELDS = {"lm": ("corpus", "max_eval_tokens", "eval_batch_size",
-                       "test_batch_size"),
+                       "test_batch_size", "documents", "folds", "fold",
+                       "fold_valid_fraction", "fold_seed"),
                 "dyck_lm": _DYCK, "dyck_closing": _DYCK,
                 "dyck_pcfg": ("preset", "seed", "scale"),
                 "trees": ("dataset", "experiment", "scale", "seed")}
@@ -384,8 +385,11 @@ def _check_given(analyses, given) -> None:
 
 
 def _data(run) -> dict:
-  data = run.config.data
-  return {f"data.{k}": getattr(data, k, None)
+  """The fields of `_DATA_FIELDS`; one an older run's config lacks reads as
+  what that run did (the task's ADDED_FIELDS), else None."""
+  from sorjax.training.tasks import added_fields
+  data, added = run.config.data, added_fields(run.task.name)
+  return {f"data.{k}": getattr(data, k, added.get(f"data.{k}"))
           for k in _DATA_FIELDS.get(run.task.name, ())}
 
 

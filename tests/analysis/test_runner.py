@@ -157,6 +157,29 @@ def test_runs_of_other_data_cannot_be_compared(tmp_path):
   assert not (tmp_path / "o").exists()
 
 
+def test_runs_of_lines_and_of_streams_or_of_other_folds_are_not_compared(
+    tmp_path):
+  """data.documents and the fold change what a split holds; a run saved
+  before those fields existed reads as streams of the corpus's splits."""
+  old, streams = _BigramRun(), _BigramRun()
+  streams.config.data.documents, streams.config.data.folds = False, None
+  lines = _BigramRun()
+  lines.config.data.documents = True
+  runner.run_analyses(old, ["token_losses"], str(tmp_path / "a"),
+                      sentence="the cat", compare=streams)
+  with pytest.raises(AnalysisError, match=r"/fake/ptb has task 'lm', "
+                     r"data.documents False, /fake/ptb has task 'lm', "
+                     r"data.documents True"):
+    runner.run_analyses(streams, ["token_losses"], str(tmp_path / "b"),
+                        sentence="the cat", compare=lines)
+  fold1 = _BigramRun()
+  fold1.config.data.folds, fold1.config.data.fold = 5, 1
+  with pytest.raises(AnalysisError, match=r"data.folds None, data.fold 0, "
+                     r".* data.folds 5, data.fold 1"):
+    runner.run_analyses(old, ["perplexity"], str(tmp_path / "c"),
+                        compare=fold1)
+
+
 def test_a_misspelt_category_field_and_an_out_file_are_refused(tmp_path):
   pairs = (_pairs_file(tmp_path),)
   with pytest.raises(ValueError, match="has the category field 'UIDX'; "
