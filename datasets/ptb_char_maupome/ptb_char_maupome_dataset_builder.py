@@ -7,7 +7,7 @@ their lower case counterparts." -> a 27-symbol alphabet (a-z and space).
 
 The paper starts from the raw Wall Street Journal articles of the Penn
 Treebank (LDC99T42 `raw/wsj/NN/wsj_NNNN`, 49,689 lines in total) and reports
-5-fold cross-validation. Two configs:
+5-fold cross-validation (the LM task's `data.folds`). Two configs:
 
 * `mikolov` (default): Mikolov's freely distributed PTB text
   (ptb.{train,valid,test}.txt) and its split. That text is already

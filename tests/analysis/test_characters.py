@@ -10,6 +10,7 @@ import pytest
 from sorjax.analysis import characters as ch
 from sorjax.analysis.common import AnalysisError
 from sorjax.data import batching
+from sorjax.training.tasks.lm import ScoredBatch
 from sorjax.data.vocab import Vocab
 
 SYMBOLS = ["<eos>", "_", "a", "b", "c", "d"]
@@ -44,7 +45,10 @@ class _CharRun:
     pos = np.arange(ids.size, dtype=np.int32)
     for b, p in zip(batching.StreamBatcher(ids, 2, 3, pad_to=3),
                     batching.StreamBatcher(pos, 2, 3, pad_to=3)):
-      yield b.inputs, b.targets, b.lengths, 10.0 * p.targets
+      where = np.where(np.arange(3)[None] < b.lengths[:, None],
+                       p.targets, -1)
+      yield ScoredBatch(b.inputs, b.targets, b.lengths, 10.0 * p.targets,
+                        where)
 
   def log_probs(self, tokens, lengths=None, temperature=None):
     return self.table[np.asarray(tokens)]

@@ -11,6 +11,7 @@ import pytest
 from sorjax.analysis import perplexity as P
 from sorjax.analysis.common import AnalysisError
 from sorjax.data import batching
+from sorjax.training.tasks.lm import ScoredBatch
 
 
 def test_bins_follow_table_1_edges():
@@ -118,8 +119,10 @@ class _StreamTask:
     b = batching.StreamBatcher(ids, self.B, self.bptt, pad_to=self.bptt)
     p = batching.StreamBatcher(pos, self.B, self.bptt, pad_to=self.bptt)
     for batch, where in zip(b, p):
-      yield batch.inputs, batch.targets, batch.lengths, \
-          where.targets.astype(np.float32)
+      scored = np.arange(self.bptt)[None] < batch.lengths[:, None]
+      yield ScoredBatch(batch.inputs, batch.targets, batch.lengths,
+                        where.targets.astype(np.float32),
+                        np.where(scored, where.targets, -1))
 
 
 def _run(task):

@@ -114,6 +114,7 @@ def test_split_traces_carry_an_lm_stream_across_its_windows():
                name="lm")
   task.data_cfg = types.SimpleNamespace(eval_batch_size=2, eval_bptt=4)
   task.eval_streams = lambda split: 2        # the LM task's, for "test"
+  task.documents = False                     # streams, not lines
   ids = np.array([1, 2, 3, 4, 5, 6, 0, 2, 2, 0, 3, 1,
                   6, 5, 4, 3, 2, 1, 0, 1, 4, 4, 2, 6], np.int32)
   task.split_ids = {"test": ids}
