@@ -37,10 +37,10 @@ import optax
 from sorjax.checks import check_int, check_number
 from sorjax.data import batching, corpora
 from sorjax.models import LanguageModel
+from sorjax.training.config import fields_set
 from sorjax.training.tasks.base import ModelTask, masked_mean, step_mask
 from sorjax.training.tasks.common import ConfigError, activation_regs, \
     build_model, check_bools, check_ints, trunk_kwargs
-from sorjax.training.config import fields_set
 
 log = logging.getLogger(__name__)
 
