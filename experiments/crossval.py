@@ -6,13 +6,16 @@
 
 The config must set data.folds = k (Maupome & Meurs: 5; their configs do).
 Fold f trains as `experiments.main` would with --config.data.fold=f, in
-WORKDIR/fold_<f> (rerunning resumes an unfinished fold and skips a finished
-one). Each fold's result is its test metrics at the epoch of its best
+WORKDIR/fold_<f> (rerunning resumes an unfinished fold; a finished one
+trains no further). Each fold's result is its test metrics at the epoch of its best
 validation (the run's selection), averaged over its replicas; the summary,
 WORKDIR/crossval.json, holds every fold's numbers and their mean and sample
 sd over the folds ("the average performance on the 20% test set across the
 folds", Maupome & Meurs 4). `--folds` runs some folds only; the summary then
-covers the folds finished so far.
+covers the folds finished so far, each checked to have been trained with
+the given config (how it logged and checkpointed aside): folds of other
+runs are refused, not averaged. The other flags are experiments.main's (--host_malloc,
+--cpu_devices, --small_loops, --jax_*).
 """
 
 from __future__ import annotations
@@ -65,34 +68,62 @@ def fold_numbers(config, chosen) -> list[int]:
 
 
 def run_fold(config, fold: int, workdir: str) -> dict:
-  """Trains fold `fold` of `config` in WORKDIR/fold_<fold> unless it has
-  finished before; returns its record (directory, wall time)."""
+  """Trains fold `fold` of `config` in WORKDIR/fold_<fold>: a new run, or
+  the run there resumed (a finished one with the same config trains no
+  further; one with other values is refused by the loop, naming them);
+  returns its record (directory, wall time of this call)."""
   wd = os.path.join(workdir, f"fold_{fold}")
-  done = os.path.join(wd, DONE)
-  if os.path.exists(done):
-    with open(done) as f:
-      return json.load(f)
-  cfg = config.copy_and_resolve_references()
-  cfg.data.fold = fold
+  cfg = _fold_config(config, fold)
   logging.info("crossval: fold %d of %d in %s", fold, cfg.data.folds, wd)
   t0 = time.perf_counter()
   train.train_and_evaluate(cfg, wd)
   record = {"fold": fold, "workdir": wd,
             "wall_s": round(time.perf_counter() - t0, 1)}
-  with open(done, "w") as f:
+  with open(os.path.join(wd, DONE), "w") as f:
     json.dump(record, f, indent=1)
   return record
 
 
-def summarise_folds(workdir: str, k: int) -> dict:
-  """Per finished fold: its replicas' test metrics (at each one's best
-  validation epoch) and their mean; over the folds, the mean and sample sd
-  of those means."""
-  folds = {}
+def _fold_config(config, fold: int):
+  cfg = config.copy_and_resolve_references()
+  cfg.data.fold = fold
+  return cfg
+
+
+# train.* fields a resumed run may change that still change its result
+RESULT_TRAIN_FIELDS = ("num_epochs", "max_steps")
+
+
+def _check_same_config(cfg, wd: str) -> None:
+  """CrossvalError unless the finished fold in `wd` was trained with `cfg`
+  (its config.json; logging and checkpointing fields aside): the summary
+  would average folds of different runs."""
+  from sorjax.runs import read_config_json
+  from sorjax.training.loop import config_changes
+  from sorjax.training.tasks import added_fields
+  saved = read_config_json(os.path.join(wd, "config.json"))
+  changes = config_changes(saved, cfg.to_dict(), added_fields(cfg.get("task")))
+  for k in RESULT_TRAIN_FIELDS:
+    was, now = (saved.get("train") or {}).get(k), cfg.train.get(k)
+    if was != now:
+      changes.append(f"train.{k}: {was!r} -> {now!r}")
+  if changes:
+    raise CrossvalError(
+        f"{wd} finished with another config: {'; '.join(changes[:8])} "
+        f"(saved -> given); run that fold again (--folds) with these "
+        f"values, or use another --workdir")
+
+
+def summarise_folds(workdir: str, config) -> dict:
+  """Per finished fold (each checked to have been trained with `config`):
+  its replicas' test metrics (at each one's best validation epoch) and
+  their mean; over the folds, the mean and sample sd of those means."""
+  folds, k = {}, int(config.data.folds)
   for f in range(k):
     wd = os.path.join(workdir, f"fold_{f}")
     if not os.path.exists(os.path.join(wd, DONE)):
       continue
+    _check_same_config(_fold_config(config, f), wd)
     rows = per_replica(wd)
     names = [n for n in rows[0] if n not in NOT_METRICS
              and isinstance(rows[0][n], (int, float))]
@@ -118,7 +149,7 @@ def crossval(config, workdir: str, chosen=None) -> dict:
   train.validate(config)
   runs = [run_fold(config, f, workdir) for f in folds]
   summary = {"config": json.loads(config.to_json()), "runs": runs,
-             **summarise_folds(workdir, int(config.data.folds))}
+             **summarise_folds(workdir, config)}
   with open(os.path.join(workdir, "crossval.json"), "w") as f:
     json.dump(summary, f, indent=1)
   return summary

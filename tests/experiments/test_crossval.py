@@ -12,14 +12,16 @@ import pytest
 
 from experiments import crossval
 from sorjax.training.metrics import read_metrics
+from sorjax.training.tasks.common import ConfigError
 from tests.training.test_lm_documents import _config, corpus  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
     os.path.abspath(__file__))))
 
 
-def _tiny(**data):
+def _tiny(hidden_size=8, **data):
   c = _config(folds=3, fold_valid_fraction=0.25, **data)
+  c.model.hidden_size = hidden_size
   c.num_replicas = 2
   c.train.num_epochs = 2
   c.train.log_every = 1
@@ -58,18 +60,39 @@ def test_every_fold_trains_once_and_the_summary_averages_them(
     assert (saved["data"]["fold"], saved["data"]["folds"]) == (f, 3)
   assert json.load(open(tmp_path / "crossval.json"))["test"] == json.loads(
       json.dumps(s["test"]))
-  # a rerun trains nothing and summarises the same folds
-  monkeypatch.setattr(crossval.train, "train_and_evaluate",
-                      lambda *a: pytest.fail("a finished fold retrained"))
+  # a rerun trains nothing further and summarises the same folds
+  before = (tmp_path / "fold_1" / "metrics.jsonl").read_text()
   again = crossval.crossval(_tiny(), str(tmp_path))
   assert again["test"] == s["test"]
+  assert (tmp_path / "fold_1" / "metrics.jsonl").read_text() == before
+  # other values: the loop refuses to resume a fold under them
+  with pytest.raises(ConfigError, match=r"fold_0 holds checkpoints trained "
+                     r"with another config .*model.hidden_size: 8 -> 9"):
+    crossval.crossval(_tiny(hidden_size=9), str(tmp_path))
+  # more epochs: every fold trains on
+  more = _tiny()
+  more.train.num_epochs = 3
+  third = crossval.crossval(more, str(tmp_path))
+  assert third["test"] != s["test"]
+  assert {r["epochs_run"] for f in third["per_fold"].values()
+          for r in f["per_replica"]} == {3}
 
 
-def test_some_folds_only(corpus, tmp_path):  # noqa: F811
+def test_some_folds_only_and_never_folds_of_other_runs(
+    corpus, tmp_path):  # noqa: F811
   s = crossval.crossval(_tiny(), str(tmp_path), ["2"])
   assert s["finished"] == [2] and [r["fold"] for r in s["runs"]] == [2]
   assert s["test"]["loss"]["n"] == 1
   assert not os.path.exists(tmp_path / "fold_0")
+  # fold 1 of another model would be averaged with fold 2: refused
+  with pytest.raises(crossval.CrossvalError, match=r"fold_2 finished with "
+                     r"another config: model.hidden_size: 8 -> 9"):
+    crossval.crossval(_tiny(hidden_size=9), str(tmp_path), ["1"])
+  longer = _tiny()
+  longer.train.num_epochs = 3
+  with pytest.raises(crossval.CrossvalError,
+                     match=r"train.num_epochs: 2 -> 3"):
+    crossval.crossval(longer, str(tmp_path), ["0"])
 
 
 @pytest.mark.parametrize("chosen, match", [
