@@ -493,18 +493,43 @@ def _lm_scale(ctx: Context, tokens: int = 300_000) -> dict:
        "model.budget_tol": 0.1})
 
 
+def _fold_runs(ctx: Context, name: str, config: str, string: str,
+               ov: dict, folds) -> dict:
+  """Trains `config`:`string` on each of `folds` (fold 0 in ROOT/<name>,
+  fold f in ROOT/<name>_fold<f>) and reads each fold's test BPC, the mean
+  over its seeds; returns those per fold and their spread over the folds
+  (Maupome & Meurs 4: "the average performance ... across the folds")."""
+  per_fold = []
+  for f in folds:
+    wd = train(ctx, name if f == 0 else f"{name}_fold{f}", config, string,
+               ov if f == 0 else {**ov, "data.fold": f})
+    rows = per_replica(wd)
+    per_fold.append({"fold": f, "per_replica": rows, **{
+        k: float(np.mean([r[k] for r in rows]))
+        for k in ("bits_per_char", "document_bits_per_char", "best_epoch")
+        if k in rows[0]}, "bpc_from_loss": float(np.mean(
+            [r["loss"] / math.log(2) for r in rows]))})
+  return {"per_fold": per_fold, **{
+      k: stats([p[k] for p in per_fold])
+      for k in ("bpc_from_loss", "bits_per_char", "document_bits_per_char")
+      if k in per_fold[0]}}
+
+
 def item_maupome(ctx: Context) -> dict:
   """3. General second-order RNN first-order-term ablation and the
-  |m|/|h| sweep on PTB characters (Maupome & Meurs Table 1, Fig. 1)."""
+  |m|/|h| sweep on PTB characters (Maupome & Meurs Table 1, Fig. 1), each
+  model over the 5 folds of the paper's cross-validation."""
   budget = 4_000 if ctx.micro else 20_000
-  # Whole lines (data.documents), fold 0 of the configs' 5 folds: no
-  # windows to scale, fewer length buckets at micro scale.
+  # Whole lines (data.documents), every fold of the configs' 5: no windows
+  # to scale, fewer length buckets at micro scale.
   ov = {k: v for k, v in _lm_scale(ctx).items()
         if k not in ("data.bptt", "data.eval_bptt")}
   ov.update({"model.budget": budget, "data.eval_batch_size":
              ov["data.batch_size"]})
+  folds = range(5)
   if ctx.micro:
     ov["data.num_buckets"] = 2
+    folds = range(2)
   # Table 1's rows: eq. 9 with D x + E h, D only, E only, neither, under
   # both activations, then the two references.
   rows_t = [(t, a) for a in ("tanh", "identity")
@@ -515,13 +540,17 @@ def item_maupome(ctx: Context) -> dict:
   res, figs = {}, []
   for terms, act in rows_t:
     name = f"{terms}_{act}"
-    wd = train(ctx, name, "maupome_ablation", f"{terms},{act}", ov)
-    rows = per_replica(wd)
-    res[name] = {"per_replica": rows, **summarise(
-        rows, ("bits_per_char", "document_bits_per_char", "loss",
-               "best_epoch")),
-                 "bpc_from_loss": stats([r["loss"] / math.log(2)
-                                         for r in rows])}
+    res[name] = _fold_runs(ctx, name, "maupome_ablation", f"{terms},{act}",
+                           ov, folds)
+  # Paired by fold: each row minus eq. 9 without first-order terms (the
+  # paper's best) under the same activation, and minus the first-order RNN.
+  for name, r in res.items():
+    act = name.rsplit("_", 1)[1]
+    for ref in (f"none_{act}", "rnn_tanh"):
+      if ref in res and ref != name:
+        r[f"minus_{ref}"] = stats([a["bpc_from_loss"] - b["bpc_from_loss"]
+                                   for a, b in zip(r["per_fold"],
+                                                   res[ref]["per_fold"])])
   # Fig. 1's grid of |m|/|h|.
   ratios = (0.1, 0.2, 0.5, 1.0, 2.0, 5.0, 10.0, 20.0) if not ctx.micro \
       else (1.0,)
@@ -530,15 +559,15 @@ def item_maupome(ctx: Context) -> dict:
     if ratio == 1.0:   # Fig. 1's model at |m| = |h| is Table 1's "none"
       sweep[ratio] = res["none_tanh"]["bpc_from_loss"]
       continue
-    wd = train(ctx, f"ratio_{ratio:g}", "maupome_ratio", f"{ratio:g}", ov)
-    rows = per_replica(wd)
-    sweep[ratio] = stats([r["loss"] / math.log(2) for r in rows])
-    res[f"ratio_{ratio:g}"] = {"per_replica": rows, "bpc_from_loss":
-                               sweep[ratio]}
+    name = f"ratio_{ratio:g}"
+    res[name] = _fold_runs(ctx, name, "maupome_ratio", f"{ratio:g}", ov,
+                           folds)
+    sweep[ratio] = res[name]["bpc_from_loss"]
   names = [n for n in res if not n.startswith("ratio")]
   figs.append(_bars(
       os.path.join(ctx.root, "ablation_bpc.png"),
-      f"PTB characters, {budget} parameters: test BPC (mean +- sd)",
+      f"PTB characters, {budget} parameters: test BPC (mean +- sd over "
+      f"{len(folds)} folds)",
       names, {"BPC": [(res[n]["bpc_from_loss"]["mean"],
                        res[n]["bpc_from_loss"]["std"]) for n in names]},
       "bits per character"))
@@ -552,7 +581,8 @@ def item_maupome(ctx: Context) -> dict:
   ax.minorticks_off()
   ax.set_xlabel("|m| / |h|")
   ax.set_ylabel("test BPC")
-  ax.set_title("general2 without D, E: |m|/|h| sweep", fontsize=9)
+  ax.set_title(f"general2 without D, E: |m|/|h| sweep ({len(folds)} folds)",
+               fontsize=9)
   figs.append(_save(fig, os.path.join(ctx.root, "ratio_sweep.png")))
   res["ratio_sweep"] = {f"{r:g}": sweep[r] for r in rs}
   return {"results": res, "paper": {

@@ -163,3 +163,52 @@ def test_item_9_trains_and_fits_the_ptb_and_markov_baselines(tmp_path,
   assert res["perplexity"]["mean"] == 50.5
   assert [os.path.basename(f) for f in out["figures"]] == [
       "timescales_ks_ptb.png", "timescales_ks_markov_ptb.png"]
+
+
+def test_item_3_trains_every_fold_and_averages_them(tmp_path, monkeypatch):
+  """Maupome & Meurs' cross-validation: each model on the 5 folds (fold 0
+  keeps the run directory of one-fold runs), a fold's BPC the mean over
+  its seeds, the models' BPC the mean and sd over folds, and differences
+  paired by fold."""
+  trained = []
+
+  def fake_train(ctx, name, config, string, overrides):
+    trained.append((name, config, string, overrides))
+    return os.path.join(ctx.root, name)
+
+  def bpc(wd, r):        # a made-up test BPC per run directory and seed
+    name = os.path.basename(wd)
+    fold = int(name.rsplit("_fold", 1)[1]) if "_fold" in name else 0
+    return 3.0 + 0.01 * len(name) + 0.1 * fold + 0.001 * r
+
+  monkeypatch.setattr(reproduce, "train", fake_train)
+  monkeypatch.setattr(reproduce, "per_replica", lambda wd: [
+      {"loss": bpc(wd, r) * np.log(2), "bits_per_char": bpc(wd, r),
+       "best_epoch": 2} for r in range(3)])
+  ctx = reproduce.Context(str(tmp_path / "maupome"), "cpu", 3)
+  os.makedirs(ctx.root)
+  out = reproduce.item_maupome(ctx)["results"]
+  assert len(trained) == 17 * 5
+  runs = {name: (config, string, ov) for name, config, string, ov in trained}
+  assert "data.fold" not in runs["none_tanh"][2]
+  assert runs["none_tanh_fold3"][2] == {**runs["none_tanh"][2],
+                                        "data.fold": 3}
+  assert runs["ratio_0.5_fold4"][:2] == ("maupome_ratio", "0.5")
+  assert not any("bptt" in k for _, _, _, ov in trained for k in ov)
+  r = out["DE_identity"]
+  want = [np.mean([bpc(f"DE_identity{s}", k) for k in range(3)])
+          for s in ["", "_fold1", "_fold2", "_fold3", "_fold4"]]
+  assert [f["fold"] for f in r["per_fold"]] == [0, 1, 2, 3, 4]
+  np.testing.assert_allclose([f["bpc_from_loss"] for f in r["per_fold"]],
+                             want)
+  assert r["bpc_from_loss"]["mean"] == pytest.approx(np.mean(want))
+  assert r["bpc_from_loss"]["std"] == pytest.approx(np.std(want, ddof=1))
+  # paired by fold: the per-fold offsets cancel
+  none = [np.mean([bpc(f"none_identity{s}", k) for k in range(3)])
+          for s in ["", "_fold1", "_fold2", "_fold3", "_fold4"]]
+  np.testing.assert_allclose(r["minus_none_identity"]["values"],
+                             np.subtract(want, none))
+  assert r["minus_none_identity"]["std"] == pytest.approx(0.0, abs=1e-9)
+  assert "minus_none_identity" not in out["none_identity"]
+  assert out["ratio_sweep"]["1"] == out["none_tanh"]["bpc_from_loss"]
+  assert out["ratio_sweep"]["20"]["n"] == 5
