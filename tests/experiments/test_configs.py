@@ -20,10 +20,10 @@ import pytest
 import scipy.stats
 
 from experiments import train
-from experiments.configs import (le_zuidema_keyword, lin_dyck, lin_wikitext2,
-                                 mahto_dyck, mahto_lm, maupome_ablation,
-                                 maupome_ratio, renganathan_dyck,
-                                 renganathan_ptb)
+from experiments.configs import (demo, le_zuidema_keyword, lin_dyck,
+                                 lin_wikitext2, mahto_dyck, mahto_lm,
+                                 maupome_ablation, maupome_ratio,
+                                 renganathan_dyck, renganathan_ptb)
 from sorjax import budget
 from sorjax.models import LanguageModel
 from sorjax.training.loop import Trainer
@@ -150,12 +150,15 @@ def tfds_dir(tmp_path_factory):
 SPEC_FIELDS = {"model.layers", "model.num_matrices", "model.timescales"}
 
 
-@pytest.mark.parametrize("case", CASES, ids=lambda c: c.id)
-def test_every_unset_field_of_a_paper_config_can_be_set_from_the_command_line(
-    case):
+@pytest.mark.parametrize("make", [lambda: demo.get_config()] + [
+    (lambda c=c: c.module.get_config(c.string)) for c in CASES],
+    ids=["demo"] + [c.id for c in CASES])
+def test_every_unset_field_of_a_config_can_be_set_from_the_command_line(
+    make):
   """ml_collections refuses to override a None field without a type
   ("Type NoneType ... is not supported for overriding"): every None field
-  of the paper configs is a typed placeholder (_options.OPTIONAL)."""
+  of the demo and paper configs is a typed placeholder
+  (_options.OPTIONAL)."""
   from ml_collections.config_dict import FieldReference
 
   def untyped(node, prefix=""):
@@ -169,7 +172,7 @@ def test_every_unset_field_of_a_paper_config_can_be_set_from_the_command_line(
                 not in (None, type(None))):
           yield path
 
-  assert list(untyped(case.module.get_config(case.string))) == []
+  assert list(untyped(make())) == []
 
 
 def test_every_paper_config_has_a_smoke_run():
