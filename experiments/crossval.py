@@ -29,7 +29,8 @@ import jax
 from absl import app, flags, logging
 
 from experiments import train
-from experiments.results import ResultsError, per_replica, stats
+from experiments.results import (ResultsError, fold_stats, per_replica,
+                                 replica_means)
 from sorjax.checks import output_dir_problem
 from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
@@ -125,19 +126,15 @@ def summarise_folds(workdir: str, config) -> dict:
       continue
     _check_same_config(_fold_config(config, f), wd)
     rows = per_replica(wd)
-    names = [n for n in rows[0] if n not in NOT_METRICS
-             and isinstance(rows[0][n], (int, float))]
-    folds[f] = {"per_replica": rows,
-                "mean": {n: float(sum(r[n] for r in rows) / len(rows))
-                         for n in names}}
+    folds[f] = {"per_replica": rows, "mean": replica_means(rows, [
+        n for n in rows[0] if n not in NOT_METRICS
+        and isinstance(rows[0][n], (int, float))])}
   if not folds:
     raise CrossvalError(f"{workdir}: no finished fold (fold_*/{DONE})")
-  names = [n for n in next(iter(folds.values()))["mean"]
-           if all(n in v["mean"] for v in folds.values())]
+  means = [v["mean"] for v in folds.values()]
   return {"folds": k, "finished": sorted(folds),
           "per_fold": {str(f): v for f, v in folds.items()},
-          "test": {n: stats([v["mean"][n] for v in folds.values()])
-                   for n in names}}
+          "test": fold_stats(means, means[0])}
 
 
 def crossval(config, workdir: str, chosen=None) -> dict:

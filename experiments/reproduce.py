@@ -30,7 +30,8 @@ import jax
 import numpy as np
 from absl import app, flags, logging
 
-from experiments.results import ResultsError, per_replica, stats, summarise
+from experiments.results import (ResultsError, fold_stats, per_replica,
+                                 replica_means, stats, summarise)
 from sorjax.checks import check_int, output_dir_problem
 from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
@@ -504,15 +505,12 @@ def _fold_runs(ctx: Context, name: str, config: str, string: str,
     wd = train(ctx, name if f == 0 else f"{name}_fold{f}", config, string,
                ov if f == 0 else {**ov, "data.fold": f})
     rows = per_replica(wd)
-    per_fold.append({"fold": f, "per_replica": rows, **{
-        k: float(np.mean([r[k] for r in rows]))
-        for k in ("bits_per_char", "document_bits_per_char", "best_epoch")
-        if k in rows[0]}, "bpc_from_loss": float(np.mean(
+    per_fold.append({"fold": f, "per_replica": rows, **replica_means(
+        rows, ("bits_per_char", "document_bits_per_char", "best_epoch")),
+        "bpc_from_loss": float(np.mean(
             [r["loss"] / math.log(2) for r in rows]))})
-  return {"per_fold": per_fold, **{
-      k: stats([p[k] for p in per_fold])
-      for k in ("bpc_from_loss", "bits_per_char", "document_bits_per_char")
-      if k in per_fold[0]}}
+  return {"per_fold": per_fold, **fold_stats(
+      per_fold, ("bpc_from_loss", "bits_per_char", "document_bits_per_char"))}
 
 
 def item_maupome(ctx: Context) -> dict:

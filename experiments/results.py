@@ -4,6 +4,7 @@ and experiments.crossval).
 
     rows = per_replica("runs/x")           # one dict per replica
     summarise(rows, ("loss", "bits_per_char"))
+    fold_stats([replica_means(rows_f, names) for rows_f in folds], names)
 """
 
 from __future__ import annotations
@@ -74,3 +75,16 @@ def stats(values) -> dict:
 
 def summarise(rows: list[dict], keys) -> dict:
   return {k: stats([r[k] for r in rows]) for k in keys if k in rows[0]}
+
+
+def replica_means(rows: list[dict], names) -> dict:
+  """Each of `names` that the rows have, averaged over the replicas."""
+  return {n: float(np.mean([r[n] for r in rows])) for n in names
+          if n in rows[0]}
+
+
+def fold_stats(means: list[dict], names) -> dict:
+  """Over folds (one dict of replica means each), the stats of each of
+  `names` that every fold has."""
+  return {n: stats([m[n] for m in means]) for n in names
+          if all(n in m for m in means)}

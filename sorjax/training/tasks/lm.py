@@ -38,7 +38,8 @@ from sorjax.checks import check_int, check_number
 from sorjax.data import batching, corpora
 from sorjax.models import LanguageModel
 from sorjax.training.config import fields_set
-from sorjax.training.tasks.base import ModelTask, masked_mean, step_mask
+from sorjax.training.tasks.base import EpochBatches, ModelTask, \
+    masked_mean, step_mask
 from sorjax.training.tasks.common import ConfigError, activation_regs, \
     build_model, check_bools, check_ints, trunk_kwargs
 
@@ -127,6 +128,10 @@ def _check_fields(d) -> None:
   else:
     check_ints(d, {"bptt": 1, "eval_bptt": 1, "pad_to": 1},
                optional=("pad_to",))
+    if d.get("pad_to") is not None and not d.variable_bptt:
+      raise ConfigError(f"data.pad_to={d.pad_to} pads AWD-LSTM's variable "
+                        f"windows (data.variable_bptt=True); fixed windows "
+                        f"are data.bptt={d.bptt} long already")
     unread = fields_set(d, ADDED_FIELDS, DOCUMENT_FIELDS)
     if unread:
       raise ConfigError(f"data.{unread[0]}={d[unread[0]]} buckets the lines "
@@ -160,10 +165,6 @@ class LanguageModelTask(ModelTask):
     check_bools(d, ("variable_bptt", "documents"))
     _check_fields(d)
     self.documents = bool(d.get("documents", False))
-    if d.get("pad_to") is not None and not d.variable_bptt:
-      raise ConfigError(f"data.pad_to={d.pad_to} pads AWD-LSTM's variable "
-                        f"windows (data.variable_bptt=True); fixed windows "
-                        f"are data.bptt={d.bptt} long already")
     try:
       ids, self.vocab = corpora.load_corpus(d.corpus, "train", d.data_dir,
                                             manual_dir=d.manual_dir)
@@ -210,6 +211,9 @@ class LanguageModelTask(ModelTask):
     if self.documents:
       self.batcher = self._document_batcher("train", d.batch_size,
                                             shuffle=True)
+      self.epochs = EpochBatches(self.batcher, lambda b: {
+          "inputs": b.inputs, "targets": b.targets, "lengths": b.lengths,
+          "reset": np.bool_(True)})
     else:
       pad_to = (d.pad_to or d.bptt + 25) if d.variable_bptt else None
       try:
@@ -257,13 +261,7 @@ class LanguageModelTask(ModelTask):
 
   def train_batches(self, epoch, position):
     if self.documents:   # every batch starts from the zero state
-      state = self.batcher.get_state()
-      state.update(epoch=epoch, batch=(position or {}).get("batch", 0))
-      self.batcher.set_state(state)
-      for b in self.batcher:
-        yield ({"inputs": b.inputs, "targets": b.targets,
-                "lengths": b.lengths, "reset": np.bool_(True)},
-               {"batch": self.batcher.get_state()["batch"]})
+      yield from self.epochs(epoch, position)
       return
     state = self.batcher.get_state()
     state.update(epoch=epoch, position=0, step=0)
