@@ -7,14 +7,16 @@
 The config must set data.folds = k (Maupome & Meurs: 5; their configs do).
 Fold f trains as `experiments.main` would with --config.data.fold=f, in
 WORKDIR/fold_<f> (rerunning resumes an unfinished fold; a finished one
-trains no further). Each fold's result is its test metrics at the epoch of its best
+trains no further, unless train.num_epochs / max_steps grew: then it trains
+on). Each fold's result is its test metrics at the epoch of its best
 validation (the run's selection), averaged over its replicas; the summary,
 WORKDIR/crossval.json, holds every fold's numbers and their mean and sample
 sd over the folds ("the average performance on the 20% test set across the
 folds", Maupome & Meurs 4). `--folds` runs some folds only; the summary then
 covers the folds finished so far, each checked to have been trained with
 the given config (how it logged and checkpointed aside): folds of other
-runs are refused, not averaged. The other flags are experiments.main's (--host_malloc,
+runs are refused, not averaged, and before any fold trains (the error says
+what to delete or rerun). The other flags are experiments.main's (--host_malloc,
 --cpu_devices, --small_loops, --jax_*).
 """
 
@@ -91,28 +93,79 @@ def _fold_config(config, fold: int):
   return cfg
 
 
-# train.* fields a resumed run may change that still change its result
+# train.* fields a resumed run may change that still change its result:
+# a finished fold may train on to a longer budget (the schedules count
+# optim.total_steps, so it ends as a fresh run of that budget would), never
+# back to a shorter one.
 RESULT_TRAIN_FIELDS = ("num_epochs", "max_steps")
 
 
-def _check_same_config(cfg, wd: str) -> None:
-  """CrossvalError unless the finished fold in `wd` was trained with `cfg`
-  (its config.json; logging and checkpointing fields aside): the summary
-  would average folds of different runs."""
+def _longer(field: str, was, now) -> bool:
+  """Whether train.`field` = now lets a run train at least as long as was
+  (max_steps None: no limit)."""
+  if field == "max_steps":
+    return now is None or (was is not None and now >= was)
+  return now >= was
+
+
+def _saved_config(wd: str) -> dict:
   from sorjax.runs import read_config_json
+  try:
+    return read_config_json(os.path.join(wd, "config.json"))
+  except ValueError as e:
+    raise CrossvalError(f"{e}: the fold in {wd} cannot be checked against "
+                        f"the config; delete {wd} to train it again, or use "
+                        "another --workdir") from None
+
+
+def _check_same_config(cfg, wd: str, resumed: bool = False) -> None:
+  """CrossvalError unless the fold in `wd` was trained with `cfg` (its
+  config.json; logging and checkpointing fields aside): the summary would
+  average folds of different runs. A fold about to be resumed (`resumed`)
+  may have trained for fewer epochs or steps than `cfg` asks; it trains on.
+  Each error says what would remedy it."""
   from sorjax.training.loop import config_changes
   from sorjax.training.tasks import added_fields
-  saved = read_config_json(os.path.join(wd, "config.json"))
+  saved = _saved_config(wd)
   changes = config_changes(saved, cfg.to_dict(), added_fields(cfg.get("task")))
+  if changes:
+    raise CrossvalError(
+        f"{wd} was trained with another config: {'; '.join(changes[:8])} "
+        f"(saved -> given); delete {wd} to train that fold again with these "
+        "values, or use another --workdir")
+  shorter, longer = [], []
   for k in RESULT_TRAIN_FIELDS:
     was, now = (saved.get("train") or {}).get(k), cfg.train.get(k)
     if was != now:
-      changes.append(f"train.{k}: {was!r} -> {now!r}")
-  if changes:
+      (longer if _longer(k, was, now) else shorter).append(
+          f"train.{k}: {was!r} -> {now!r}")
+  if shorter:
     raise CrossvalError(
-        f"{wd} finished with another config: {'; '.join(changes[:8])} "
-        f"(saved -> given); run that fold again (--folds) with these "
-        f"values, or use another --workdir")
+        f"{wd} trained for longer than the config asks: "
+        f"{'; '.join(shorter)} (saved -> given); a fold cannot be shortened "
+        f"(delete {wd} to train it again with these values, or use another "
+        "--workdir)")
+  if longer and not resumed:
+    raise CrossvalError(
+        f"{wd} finished with {'; '.join(longer)} (saved -> given); train it "
+        f"on with --folds={_fold_of(wd)}, or use another --workdir")
+
+
+def _fold_of(wd: str) -> str:
+  return os.path.basename(os.path.normpath(wd)).removeprefix("fold_")
+
+
+def check_folds(config, workdir: str, folds: list[int]) -> None:
+  """Before any training: every finished fold (its summary would average
+  it) was trained with `config`, and every started fold about to be
+  resumed can go on under it (the folds in `folds` may train for more
+  epochs or steps). Refusing after training some folds would waste them."""
+  for f in range(int(config.data.folds)):
+    wd = os.path.join(workdir, f"fold_{f}")
+    finished = os.path.exists(os.path.join(wd, DONE))
+    started = os.path.exists(os.path.join(wd, "config.json"))
+    if finished or (f in folds and started):
+      _check_same_config(_fold_config(config, f), wd, resumed=f in folds)
 
 
 def summarise_folds(workdir: str, config) -> dict:
@@ -125,7 +178,12 @@ def summarise_folds(workdir: str, config) -> dict:
     if not os.path.exists(os.path.join(wd, DONE)):
       continue
     _check_same_config(_fold_config(config, f), wd)
-    rows = per_replica(wd)
+    try:
+      rows = per_replica(wd)
+    except (ValueError, OSError) as e:
+      raise CrossvalError(f"{e}: the finished fold in {wd} cannot be "
+                          f"summarised; delete {wd} to train it again"
+                          ) from None
     folds[f] = {"per_replica": rows, "mean": replica_means(rows, [
         n for n in rows[0] if n not in NOT_METRICS
         and isinstance(rows[0][n], (int, float))])}
@@ -144,6 +202,7 @@ def crossval(config, workdir: str, chosen=None) -> dict:
     raise CrossvalError(f"--workdir={workdir}: {problem}")
   folds = fold_numbers(config, chosen)
   train.validate(config)
+  check_folds(config, workdir, folds)
   runs = [run_fold(config, f, workdir) for f in folds]
   summary = {"config": json.loads(config.to_json()), "runs": runs,
              **summarise_folds(workdir, config)}

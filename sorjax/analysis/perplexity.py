@@ -54,8 +54,11 @@ def perplexity(run, split: str | None = None, tau: float | None = None
          "perplexity": math.exp(min(loss, 700.0)),
          "bits_per_symbol": loss / LN2}
   # the task's own count: per character, also when a symbol is a bigram
-  for k in ("bits_per_char", "oracle_perplexity", "perplexity_ratio",
-            "wcpa", "close_accuracy"):
+  # and, with data.documents, the mean over lines of each line's own
+  # per-symbol (document_loss) and per-character cost
+  for k in ("bits_per_char", "document_loss", "document_bits_per_char",
+            "oracle_perplexity", "perplexity_ratio", "wcpa",
+            "close_accuracy"):
     if k in res:
       out[k] = float(res[k])
   if "oracle_perplexity" in res:

@@ -293,7 +293,9 @@ def word_ablation(run, split: str | None = None, position: int = 0,
   splits: the first max_sequences sequences; LM splits: the windows of
   eval_bptt tokens of the first max_tokens tokens (default max_sequences
   windows), each ablated at `position` from the state the stream reached;
-  with data.documents, its first max_sequences lines, each from h_0."""
+  with data.documents, its first max_sequences lines, each from h_0.
+  Sequences that end before `position` (whole batches of them, such as a
+  bucket of short lines) are left out; `sequences` counts the rest."""
   name = "word_ablation"
   layers = _layers(name, run)
   split = check_split(name, run, split)
@@ -306,30 +308,35 @@ def word_ablation(run, split: str | None = None, position: int = 0,
     max_tokens = int(max_sequences) * task.data_cfg.eval_bptt
   deltas = {l: [] for l in layers}      # per batch [B, T - position, H]
   valid = []
-  f_sum, steps = {l: 0.0 for l in layers}, 0
+  f_sum, steps, longest = {l: 0.0 for l in layers}, 0, 0
   carries = None
   for tokens, lengths, carry_over in traces.batches(
       task, split, max_tokens, max_sequences):
     start = carries if carry_over else None
     base = traces.trace(task, run.params, tokens, lengths, tau, start)
-    if np.shape(tokens)[1] <= position:
-      raise ValueError(f"{name}: position {position} is beyond the "
-                       f"{np.shape(tokens)[1]} steps of the {split!r} batches")
-    abl = traces.trace(task, run.params, tokens, lengths, tau, start,
-                       ablate=position)
     carries = base.final
     T = np.shape(tokens)[1]
     mask = np.arange(T)[None, :] < np.asarray(lengths)[:, None]
+    for l in layers:  # f_bar (T_est) over every valid step read
+      f = np.asarray(base.layers[l].f, np.float64)
+      f_sum[l] = f_sum[l] + np.sum(np.where(mask[..., None], f, 0.0), (0, 1))
+    steps += int(mask.sum())
+    longest = max(longest, int(np.max(lengths, initial=0)))
+    if T <= position:  # no sequence of this batch (a bucket of short
+      continue         # lines, say) reaches `position`
+    abl = traces.trace(task, run.params, tokens, lengths, tau, start,
+                       ablate=position)
     valid.append(mask[:, position:])
     for l in layers:
       d = np.asarray(base.layers[l].c, np.float64) - np.asarray(
           abl.layers[l].c, np.float64)
       deltas[l].append(d[:, position:])
-      f = np.asarray(base.layers[l].f, np.float64)
-      f_sum[l] = f_sum[l] + np.sum(np.where(mask[..., None], f, 0.0), (0, 1))
-    steps += int(mask.sum())
-  if not valid:
+  if not steps:
     raise fail(name, run, f"split {split!r} has no sequences")
+  if not any(v[:, 0].any() for v in valid):
+    raise ValueError(f"{name}: position {position} is beyond every sequence "
+                     f"read of split {split!r} (the longest has {longest} "
+                     "steps)")
   K = max(v.shape[1] for v in valid)
   valid = np.concatenate([_pad(v, K) for v in valid])
   valid &= valid[:, :1]                 # sequences that reach `position`

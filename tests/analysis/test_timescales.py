@@ -330,3 +330,25 @@ def test_word_ablation_of_an_lstm_groups_units_by_t_est_over_valid_steps():
                                                    pytest.approx(8.0, 1e-4)]
   np.testing.assert_allclose(groups[1]["curve"]["mean"],
                              np.exp(-np.arange(7) / 8.0), rtol=1e-4)
+
+
+def test_word_ablation_skips_batches_that_end_before_the_position():
+  """Batches of short sequences (a documents bucket of short lines) do not
+  reach the ablated position: they are skipped, not an error, and the
+  curve comes from the sequences that do; a position beyond every
+  sequence is an error naming the longest."""
+  T = [2.0, 8.0]
+  short = [np.array([1, 2, 3, 1, 2])] * 3      # one batch of 3, 16 steps
+  seqs = short + [np.tile([1, 2, 3], 9)[:25]]  # then one of 32 steps
+  run = _free_input_run(T, {"test": seqs})
+  ab = ts.word_ablation(run, "test", position=17, group_size=1)
+  assert ab["sequences"] == 1
+  groups = {round(g["mean_timescale"]): g["curve"]
+            for g in ab["layers"][0]["groups"]}
+  np.testing.assert_allclose(groups[8]["mean"], np.exp(-np.arange(8) / 8.0),
+                             rtol=1e-4)
+  assert groups[8]["sequences"].tolist() == [1] * 8
+  with pytest.raises(ValueError, match=r"word_ablation: position 25 is "
+                     r"beyond every sequence read of split 'test' \(the "
+                     r"longest has 25 steps\)"):
+    ts.word_ablation(run, "test", position=25)

@@ -12,7 +12,6 @@ import pytest
 
 from experiments import crossval
 from sorjax.training.metrics import read_metrics
-from sorjax.training.tasks.common import ConfigError
 from tests.training.test_lm_documents import _config, corpus  # noqa: F401
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(
@@ -65,10 +64,20 @@ def test_every_fold_trains_once_and_the_summary_averages_them(
   again = crossval.crossval(_tiny(), str(tmp_path))
   assert again["test"] == s["test"]
   assert (tmp_path / "fold_1" / "metrics.jsonl").read_text() == before
-  # other values: the loop refuses to resume a fold under them
-  with pytest.raises(ConfigError, match=r"fold_0 holds checkpoints trained "
-                     r"with another config .*model.hidden_size: 8 -> 9"):
+  # other values: refused before any fold trains on under them
+  with pytest.raises(crossval.CrossvalError, match=r"fold_0 was trained "
+                     r"with another config: model.hidden_size: 8 -> 9 "
+                     r"\(saved -> given\); delete .*fold_0 to train"):
     crossval.crossval(_tiny(hidden_size=9), str(tmp_path))
+  # fewer epochs: a finished fold cannot be shortened; nothing rewritten
+  fewer = _tiny()
+  fewer.train.num_epochs = 1
+  saved = (tmp_path / "fold_0" / "config.json").read_text()
+  with pytest.raises(crossval.CrossvalError, match=r"fold_0 trained for "
+                     r"longer than the config asks: train.num_epochs: 2 -> 1"):
+    crossval.crossval(fewer, str(tmp_path))
+  assert (tmp_path / "fold_0" / "config.json").read_text() == saved
+  assert (tmp_path / "fold_1" / "metrics.jsonl").read_text() == before
   # more epochs: every fold trains on
   more = _tiny()
   more.train.num_epochs = 3
@@ -84,15 +93,45 @@ def test_some_folds_only_and_never_folds_of_other_runs(
   assert s["finished"] == [2] and [r["fold"] for r in s["runs"]] == [2]
   assert s["test"]["loss"]["n"] == 1
   assert not os.path.exists(tmp_path / "fold_0")
-  # fold 1 of another model would be averaged with fold 2: refused
-  with pytest.raises(crossval.CrossvalError, match=r"fold_2 finished with "
-                     r"another config: model.hidden_size: 8 -> 9"):
+  # fold 1 of another model would be averaged with fold 2: refused before
+  # fold 1 trains
+  with pytest.raises(crossval.CrossvalError, match=r"fold_2 was trained "
+                     r"with another config: model.hidden_size: 8 -> 9"):
     crossval.crossval(_tiny(hidden_size=9), str(tmp_path), ["1"])
+  assert not os.path.exists(tmp_path / "fold_1")
   longer = _tiny()
   longer.train.num_epochs = 3
   with pytest.raises(crossval.CrossvalError,
-                     match=r"train.num_epochs: 2 -> 3"):
+                     match=r"fold_2 finished with train.num_epochs: 2 -> 3 "
+                     r"\(saved -> given\); train it on with --folds=2"):
     crossval.crossval(longer, str(tmp_path), ["0"])
+  assert not os.path.exists(tmp_path / "fold_0")
+  # the remedy the error names works
+  assert crossval.crossval(longer, str(tmp_path), ["2"])["finished"] == [2]
+
+
+def test_a_damaged_finished_fold_is_named(corpus, tmp_path):  # noqa: F811
+  crossval.crossval(_tiny(), str(tmp_path), ["1"])
+  metrics = tmp_path / "fold_1" / "metrics.jsonl"
+  metrics.write_text(metrics.read_text()[:-5])
+  with pytest.raises(crossval.CrossvalError, match=r"metrics.jsonl:\d+: not "
+                     r"a JSON line .*the finished fold in .*fold_1 cannot be "
+                     r"summarised; delete"):
+    crossval.summarise_folds(str(tmp_path), _tiny())
+  os.remove(tmp_path / "fold_1" / "config.json")
+  with pytest.raises(crossval.CrossvalError, match=r"config.json is not a "
+                     r"file: the fold in .*fold_1 cannot be checked"):
+    crossval.crossval(_tiny(), str(tmp_path), ["0"])
+  assert not os.path.exists(tmp_path / "fold_0")
+
+
+def test_max_steps_may_grow_or_go_but_not_shrink():
+  assert crossval._longer("max_steps", 5, None)
+  assert crossval._longer("max_steps", 5, 7)
+  assert not crossval._longer("max_steps", None, 7)
+  assert not crossval._longer("max_steps", 7, 5)
+  assert crossval._longer("num_epochs", 2, 3)
+  assert not crossval._longer("num_epochs", 3, 2)
 
 
 @pytest.mark.parametrize("chosen, match", [

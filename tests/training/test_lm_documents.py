@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from experiments.configs import common
-from sorjax.analysis.perplexity import token_nll
+from sorjax.analysis.perplexity import perplexity, token_nll
 from sorjax.data import batching, corpora
 from sorjax.data.vocab import Vocab
 from sorjax.training.tasks import make_task
@@ -127,6 +127,18 @@ def test_evaluate_scores_every_line_and_its_eos_from_the_zero_state(corpus):
       np.mean([p[0].sum() / WIDTH[p[1]].sum() for p in per_line])
       / np.log(2), rtol=1e-5)
   assert set(task.metric_names()) == set(got)
+  # the perplexity analysis reports the documents' metrics too
+
+  class Run:
+    pass
+
+  run = Run()
+  run.task, run.params = task, params
+  ppl = perplexity(run, "test", 1.0)
+  for k in ("loss", "bits_per_char", "document_loss",
+            "document_bits_per_char"):
+    assert ppl["cross_entropy" if k == "loss" else k] == pytest.approx(
+        got[k], rel=1e-12)
 
 
 def test_token_nll_covers_the_split_stream_in_order(corpus):
@@ -196,6 +208,9 @@ def test_folds_pool_the_lines_and_test_each_in_exactly_one_fold(corpus):
      r"data.fold_valid_fraction must be a finite number in \(0, 1\)"),
     (dict(folds=3, fold_valid_fraction=0.01),
      r"data.fold_valid_fraction=0.01 holds out no line"),
+    (dict(folds=3, fold_valid_fraction=0.99),
+     r"data.fold_valid_fraction=0.99 holds out all \d+ non-test lines of "
+     r"fold 0, leaving no line to train on"),
     (dict(folds=50), r"data.folds=50: kfold: num_examples"),
     (dict(num_buckets=0), r"data.num_buckets must be an int >= 1"),
 ])

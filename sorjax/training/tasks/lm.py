@@ -96,10 +96,14 @@ def _folds(split_ids: dict, eos_id: int, d) -> tuple[dict, dict]:
                           valid_fraction=frac)[d.fold]
   except ValueError as e:
     raise ConfigError(f"data.folds={k}: {e}") from None
+  rest = fold.train.size + fold.valid.size
   if fold.valid.size == 0:
     raise ConfigError(f"data.fold_valid_fraction={frac} holds out no line "
-                      f"of the {fold.train.size} training lines of fold "
-                      f"{d.fold}")
+                      f"of the {rest} non-test lines of fold {d.fold}")
+  if fold.train.size == 0:
+    raise ConfigError(f"data.fold_valid_fraction={frac} holds out all "
+                      f"{rest} non-test lines of fold {d.fold}, leaving no "
+                      "line to train on")
   out = {s: np.concatenate([lines[i] for i in idx]).astype(np.int32)
          for s, idx in (("train", fold.train), ("valid", fold.valid),
                         ("test", fold.test))}
