@@ -133,6 +133,7 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer) -> None:
       return
   changes = config_changes(saved, _to_dict(config),
                            added_fields(config.get("task")))
+  _check_not_shortened(workdir, config, ckpt)
   if changes:
     shown = "; ".join(changes[:8]) + (
         f"; and {len(changes) - 8} more" if len(changes) > 8 else "")
@@ -141,6 +142,28 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer) -> None:
         f"{shown} (saved -> given). Resuming would continue those weights "
         "under the new values. Give the saved values, or train in a new "
         f"--workdir; only {', '.join(RESUMABLE)} may change on resume")
+
+
+def _check_not_shortened(workdir: str, config, ckpt: Checkpointer) -> None:
+  """train.num_epochs / max_steps may grow on resume, or stay, but not fall
+  below what the latest checkpoint has trained: its config.json would then
+  claim a shorter run than its weights and metrics hold. ConfigError."""
+  from sorjax.training.tasks.common import ConfigError
+  step, meta = ckpt.restore_meta("latest")
+  epochs, mid = int(meta.get("epoch", 0)), meta.get("position") is not None
+  num_epochs, max_steps = config.train.num_epochs, config.train.get(
+      "max_steps")
+  over = []
+  if epochs > num_epochs or (epochs == num_epochs and mid):
+    over.append(f"train.num_epochs={num_epochs} (it has run {epochs} "
+                f"epochs{' and part of the next' if mid else ''})")
+  if max_steps and step > max_steps:
+    over.append(f"train.max_steps={max_steps} (it is at step {step})")
+  if over:
+    raise ConfigError(
+        f"{workdir}/checkpoints/{step} has trained beyond "
+        f"{' and '.join(over)}; a run cannot be shortened. Give at least "
+        "what it has run, or train in a new --workdir")
 
 
 # The default group of vmapped replicas: as many as keep rows * width (batch

@@ -123,6 +123,30 @@ def test_rerun_resumes_to_the_same_parameters(tmp_path):
   assert steps == sorted(set(steps))          # no duplicated records
 
 
+def test_a_run_cannot_be_resumed_shorter_than_it_has_trained(tmp_path):
+  """num_epochs / max_steps below what the checkpoint holds would leave a
+  config.json claiming a shorter run than its weights and metrics: refused
+  before anything is written; the same or a longer budget resumes."""
+  from sorjax.training.tasks.common import ConfigError
+  run(tmp_path / "full")                          # 3 epochs of 6 steps
+  saved = (tmp_path / "full" / "config.json").read_text()
+  with pytest.raises(ConfigError, match=r"checkpoints/18 has trained beyond "
+                     r"train.num_epochs=2 \(it has run 3 epochs\); a run "
+                     r"cannot be shortened"):
+    run(tmp_path / "full", train={"num_epochs": 2})
+  with pytest.raises(ConfigError, match=r"beyond train.max_steps=10 \(it is "
+                     r"at step 18\)"):
+    run(tmp_path / "full", train={"max_steps": 10})
+  assert (tmp_path / "full" / "config.json").read_text() == saved
+  assert int(run(tmp_path / "full", train={"max_steps": 18}).step[0]) == 18
+  # stopped by max_steps in epoch 1 (1 epoch and part of the next)
+  run(tmp_path / "cut", train={"max_steps": 7})
+  with pytest.raises(ConfigError, match=r"train.num_epochs=1 \(it has run 1 "
+                     r"epochs and part of the next\)"):
+    run(tmp_path / "cut", train={"num_epochs": 1})
+  assert int(run(tmp_path / "cut", train={"num_epochs": 2}).step[0]) == 12
+
+
 class SignalledTask(ToyTask):
   """Sends its own process `signum` as it hands out batch `at` (epoch * 100
   + batch), as Ctrl-C or a scheduler's SIGTERM would arrive mid-run."""
