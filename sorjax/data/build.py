@@ -59,7 +59,8 @@ def main(argv=None) -> int:
   for name in args.names:
     try:
       b = builders.prepare(name, args.data_dir, args.manual_dir,
-                           verify_checksums=args.verify_checksums)
+                           verify_checksums=args.verify_checksums,
+                           strict=True)
     except (FileNotFoundError, ValueError) as e:  # missing or bad sources
       print(f"error: {e}", file=sys.stderr)
       return 1

@@ -130,20 +130,66 @@ def builder(name: str, data_dir=None, *, verify_checksums: bool = True,
       raise ValueError(f"{base}: unknown config {config!r}; known: {known}")
     kwargs["config"] = config
   if data_dir is not None:
+    if not os.fspath(data_dir).strip():
+      # pathlib reads "" as ".": the dataset would land wherever this runs
+      raise ValueError(f"data_dir is empty ({data_dir!r}); give a folder, "
+                       "or none for TFDS's default")
     data_dir = os.fspath(pathlib.Path(data_dir).expanduser())
+    if os.path.exists(data_dir) and not os.path.isdir(data_dir):
+      raise ValueError(f"data_dir {data_dir} is not a directory")
   return cls(data_dir=data_dir, file_format="array_record",
              verify_checksums=verify_checksums, **kwargs)
 
 
 def prepare(name: str, data_dir=None, manual_dir=None, *,
-            verify_checksums: bool = True) -> "SourceBuilder":
-  """Builds (or reuses) `name` in `data_dir` and returns its builder."""
-  b = builder(name, data_dir, verify_checksums=verify_checksums)
+            verify_checksums: bool = True, strict: bool = False
+            ) -> "SourceBuilder":
+  """Builds (or reuses) `name` in `data_dir` and returns its builder.
+
+  A dataset prepared earlier from source files that were not checked
+  against their checksums (built with verify_checksums=False) is reused
+  with a warning naming them, or, with `strict` (the build command's
+  checked builds), refused with a ChecksumError. When another process
+  finishes building the same dataset first, its dataset is reused."""
   if manual_dir is not None:
     manual_dir = os.fspath(pathlib.Path(manual_dir).expanduser())
-  b.download_and_prepare(
-      download_config=tfds.download.DownloadConfig(manual_dir=manual_dir))
+  config = tfds.download.DownloadConfig(manual_dir=manual_dir)
+  b = builder(name, data_dir, verify_checksums=verify_checksums)
+  try:
+    b.download_and_prepare(download_config=config)
+  except FileExistsError:
+    # TFDS builds in an incomplete.* folder and renames it; another build
+    # of the same dataset renamed its own first
+    b = builder(name, data_dir, verify_checksums=verify_checksums)
+    if not b.is_prepared():
+      raise
+    log.info("%s: another process finished building %s first; reusing it",
+             name, b.data_dir)
+  if verify_checksums:
+    _check_verified(b, strict)
   return b
+
+
+def unverified_sources(b) -> list[str]:
+  """The files of `b`'s checksum table that its prepared dataset was built
+  from without checking them (info.metadata["unverified"])."""
+  table = b.source_files() if hasattr(b, "source_files") else {}
+  return sorted({n for n in b.info.metadata.get("unverified", [])
+                 if n in table})
+
+
+def _check_verified(b, strict: bool) -> None:
+  names = unverified_sources(b)
+  if not names:
+    return
+  what = (f"{b.data_dir} was built from {', '.join(names)} without checking "
+          "their checksums (verify_checksums=False, --noverify_checksums): "
+          "its text may differ from the published corpus")
+  if strict:
+    raise ChecksumError(f"{what}. Delete {b.data_dir} to rebuild it from "
+                        "checked files, or build with --noverify_checksums "
+                        "to keep it")
+  log.warning("%s", what)
 
 
 def instructions(subdir: str, files: Iterable[str]) -> str:

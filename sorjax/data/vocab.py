@@ -22,6 +22,7 @@ import collections
 import dataclasses
 import json
 import logging
+import os
 from typing import Iterable, Sequence
 
 from etils import epath
@@ -219,7 +220,7 @@ class Vocab:
     payload = {"format": _FORMAT, "pad": self.pad, "eos": self.eos,
                "unk": self.unk, "symbols": list(self.symbols),
                "counts": None if self.counts is None else list(self.counts)}
-    tmp = path.parent / (path.name + ".tmp")
+    tmp = path.parent / f"{path.name}.{os.getpid()}.tmp"  # per writer
     tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=0))
     tmp.replace(path)  # over an existing file too (a resumed run)
     return path

@@ -144,6 +144,32 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer) -> None:
         f"--workdir; only {', '.join(RESUMABLE)} may change on resume")
 
 
+def _check_same_vocab(workdir: str, vocab) -> None:
+  """The corpus read now must give the vocabulary the run was trained
+  with (its vocab.json): data.data_dir / manual_dir may change on resume,
+  and a dataset built from other text would otherwise map the ids to
+  other symbols (or other sizes, refused later by the restore). A
+  ConfigError naming the first difference; nothing when the run has no
+  vocab.json (non-text tasks)."""
+  path = os.path.join(workdir, "vocab.json")
+  if vocab is None or not hasattr(vocab, "symbols") or not os.path.exists(
+      path):
+    return
+  from sorjax.data.vocab import Vocab
+  from sorjax.training.tasks.common import ConfigError
+  saved = Vocab.load(path)
+  if tuple(saved.symbols) == tuple(vocab.symbols):
+    return
+  first = next((i for i, (a, b) in enumerate(zip(saved.symbols,
+                                                  vocab.symbols)) if a != b),
+               min(len(saved.symbols), len(vocab.symbols)))
+  raise ConfigError(
+      f"{path} holds the {len(saved.symbols)}-symbol vocabulary this run "
+      f"was trained with; the corpus read now (data.corpus, data_dir) gives "
+      f"{len(vocab.symbols)} symbols, differing from id {first} on. Give "
+      "the data the run was trained on, or train in a new --workdir")
+
+
 def _check_not_shortened(workdir: str, config, ckpt: Checkpointer) -> None:
   """train.num_epochs / max_steps may grow on resume, or stay, but not fall
   below what the latest checkpoint has trained: its config.json would then
@@ -365,19 +391,17 @@ class Trainer:
     self._check_selection_metric()
     os.makedirs(self.workdir, exist_ok=True)
     ckpt = Checkpointer(self.workdir, keep=tcfg.keep_checkpoints)
+    resuming = ckpt.latest_step() is not None
     try:
-      if ckpt.latest_step() is not None:
+      if resuming:
         check_resumable(self.workdir, cfg, ckpt)
+        _check_same_vocab(self.workdir, task.vocab)
       else:  # a new run (one that trained before these checks resumes)
         self._check_temperature_is_read()
         self._check_schedules_are_read()
     except Exception:
       ckpt.close()
       raise
-    with open(os.path.join(self.workdir, "config.json"), "w") as f:
-      json.dump(_to_dict(cfg), f, indent=2, sort_keys=True)
-    if task.vocab is not None and hasattr(task.vocab, "save"):
-      task.vocab.save(os.path.join(self.workdir, "vocab.json"))
 
     state = self.init_state()
     # best_mean: the best mean over replicas of the selection metric
@@ -385,8 +409,19 @@ class Trainer:
             "early": [None] * self.R, "plateau": None,
             "asgd_losses": [[] for _ in range(self.R)],
             "best_loss": [math.inf] * self.R, "best_mean": worst(mode)}
-    if ckpt.latest_step() is not None:
-      step0, state, meta = ckpt.restore(state, "latest")
+    if resuming:
+      try:
+        step0, state, meta = ckpt.restore(state, "latest")
+      except Exception:
+        ckpt.close()
+        raise
+    # Written once the checkpoint has been read: a resume refused on the
+    # way leaves the run's files as they were (sorjax.restore reads them).
+    with open(os.path.join(self.workdir, "config.json"), "w") as f:
+      json.dump(_to_dict(cfg), f, indent=2, sort_keys=True)
+    if task.vocab is not None and hasattr(task.vocab, "save"):
+      task.vocab.save(os.path.join(self.workdir, "vocab.json"))
+    if resuming:
       logging.info("resumed from %s/checkpoints/%d (epoch %d)",
                    self.workdir, step0, meta["epoch"])
       _truncate_metrics(self.workdir, step0)

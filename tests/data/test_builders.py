@@ -278,6 +278,65 @@ def test_checksum_mismatch_names_the_file(tmp_path):
   assert "fcea919f6cf83f35" in str(e.value)  # the published sha256
 
 
+def test_a_build_of_unchecked_files_is_named_when_reused(tmp_path, capsys,
+                                                       caplog):
+  """A dataset built with --noverify_checksums (the fixtures differ from
+  the published files) is refused by a checked build and reused with a
+  warning naming its files by a checked load; an unchecked build keeps
+  it."""
+  build("ptb", tmp_path)                       # unchecked
+  data_dir = str(tmp_path / "tfds")
+  rc = build_lib.main(["ptb", "--data_dir", data_dir, "--manual_dir",
+                       str(FIXTURES)])
+  err = capsys.readouterr().err
+  assert rc == 1
+  assert ("was built from ptb.test.txt, ptb.train.txt, ptb.valid.txt "
+          "without checking their checksums") in err
+  assert "Delete " in err and "--noverify_checksums to keep it" in err
+  with caplog.at_level("WARNING", logger=builders.__name__):
+    b = builders.prepare("ptb", data_dir, FIXTURES)
+  assert b.info.splits["train"].num_examples == 4
+  assert "without checking their checksums" in caplog.text
+  assert build_lib.main(["ptb", "--data_dir", data_dir, "--manual_dir",
+                         str(FIXTURES), "--noverify_checksums"]) == 0
+  assert builders.unverified_sources(b) == ["ptb.test.txt", "ptb.train.txt",
+                                            "ptb.valid.txt"]
+
+
+def test_an_empty_or_file_data_dir_is_named(tmp_path, capsys):
+  with pytest.raises(ValueError, match=r"data_dir is empty \(''\)"):
+    builders.builder("ptb", "")
+  (tmp_path / "f").write_text("")
+  with pytest.raises(ValueError, match=r"data_dir .*/f is not a directory"):
+    builders.builder("ptb", tmp_path / "f")
+  assert build_lib.main(["ptb", "--data_dir", str(tmp_path / "f")]) == 1
+  assert "is not a directory" in capsys.readouterr().err
+  assert not os.path.exists("ptb") and not os.path.exists("downloads")
+
+
+def test_a_build_finished_first_by_another_process_is_reused(
+    tmp_path, monkeypatch):
+  """TFDS renames its incomplete.* folder at the end; when another build
+  of the same dataset renamed first, the rename fails (FileExistsError)
+  and that dataset is reused. With nothing there the error stands."""
+  build("ptb", tmp_path)
+  real = builders.SourceBuilder.download_and_prepare
+  calls = []
+
+  def racing(self, **kwargs):
+    calls.append(self.data_dir)
+    if len(calls) == 1:
+      raise FileExistsError("Cannot rename incomplete.x: already exists")
+    return real(self, **kwargs)
+
+  monkeypatch.setattr(builders.SourceBuilder, "download_and_prepare", racing)
+  b = build("ptb", tmp_path)
+  assert b.is_prepared() and len(records(b, "train")) == 4
+  calls.clear()
+  with pytest.raises(FileExistsError, match="Cannot rename"):
+    build("ptb", tmp_path / "other")
+
+
 def test_gzip_checksum_is_of_the_decompressed_content(tmp_path):
   table = builders.builder_class("ptb_char").source_files()
   entry = table["ptb.char.train.txt"]

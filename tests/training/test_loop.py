@@ -147,6 +147,47 @@ def test_a_run_cannot_be_resumed_shorter_than_it_has_trained(tmp_path):
   assert int(run(tmp_path / "cut", train={"num_epochs": 2}).step[0]) == 12
 
 
+class VocabTask(ToyTask):
+  """ToyTask reading a corpus whose vocabulary is `symbols`."""
+
+  def __init__(self, symbols):
+    super().__init__()
+    from sorjax.data.vocab import Vocab
+    self.vocab = Vocab(symbols, unk=None)
+
+
+def test_a_refused_resume_leaves_the_runs_files_as_they_were(tmp_path):
+  """A resume refused before training (here: the corpus read now gives
+  another vocabulary than the run's vocab.json, as another data_dir's
+  build could) rewrites neither config.json nor vocab.json, so
+  sorjax.restore still reads the finished run."""
+  from sorjax.training.tasks.common import ConfigError
+  run(tmp_path, task=VocabTask(["<eos>", "a", "b"]), train={"max_steps": 7})
+  files = {n: (tmp_path / n).read_text() for n in ("config.json",
+                                                   "vocab.json")}
+  with pytest.raises(ConfigError, match=r"vocab.json holds the 3-symbol "
+                     r"vocabulary this run was trained with; the corpus read "
+                     r"now .* gives 3 symbols, differing from id 1 on"):
+    run(tmp_path, task=VocabTask(["<eos>", "b", "a"]))
+  with pytest.raises(ConfigError, match=r"gives 4 symbols, differing from "
+                     r"id 3 on"):
+    run(tmp_path, task=VocabTask(["<eos>", "a", "b", "c"]))
+  assert {n: (tmp_path / n).read_text() for n in files} == files
+  # a checkpoint that cannot be read: refused by the restore, still before
+  # config.json is written
+  import shutil
+  shutil.copytree(tmp_path, tmp_path.parent / "damaged")
+  damaged = tmp_path.parent / "damaged"
+  shutil.rmtree(damaged / "checkpoints" / "7" / "state")
+  with pytest.raises(ValueError, match=r"checkpoints/7 cannot be read"):
+    run(damaged, task=VocabTask(["<eos>", "a", "b"]),
+        train={"max_steps": 9})
+  assert {n: (damaged / n).read_text() for n in files} == files
+  # the same vocabulary resumes
+  state = run(tmp_path, task=VocabTask(["<eos>", "a", "b"]))
+  assert int(state.step[0]) == 18
+
+
 class SignalledTask(ToyTask):
   """Sends its own process `signum` as it hands out batch `at` (epoch * 100
   + batch), as Ctrl-C or a scheduler's SIGTERM would arrive mid-run."""
