@@ -6,7 +6,10 @@
     python -m experiments.analyze --workdir=LM --analyses=minimal_pairs \\
         --pairs=blimp
 
-JSON results and PNG (and HTML) figures go to RUN/analysis/ (or --out).
+JSON results and PNG (and HTML) figures go to RUN/analysis/ for the best
+checkpoint of replica 0, else to a folder in it named for --step and
+--replica (RUN/analysis/latest-replica_1), or to --out; a result file of
+other inputs (run, replica, split, compared run) is not replaced.
 Analyses: see `sorjax.analysis.runner.ANALYSES` (--analyses=help lists
 them).
 """
@@ -56,7 +59,9 @@ flags.DEFINE_integer("max_trees", 1000, "gradient_ratio: trees per epoch.")
 flags.DEFINE_integer("position", 0, "word_ablation: the ablated position.")
 flags.DEFINE_string("data_dir", None, "minimal_pairs with blimp: TFDS "
                     "data_dir.")
-flags.DEFINE_string("out", None, "Output directory (default RUN/analysis).")
+flags.DEFINE_string("out", None, "Output directory (default RUN/analysis, "
+                    "or RUN/analysis/<step>-replica_<r> for another "
+                    "checkpoint or replica).")
 
 
 # Flags read by some analyses only: one given to none of the chosen ones is

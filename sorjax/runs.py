@@ -38,6 +38,8 @@ class Run:
   all_params: Any
   meta: dict
   replica: int = 0
+  checkpoint: str | None = None  # the step as asked: "best", "latest"
+                                 # (None: a step number)
 
   @property
   def params(self):
@@ -227,5 +229,6 @@ def restore(workdir: str, step: str | int = "best", replica: int = 0) -> Run:
     s, state, meta = ckpt.restore(target, step)
   finally:
     ckpt.close()
-  return Run(workdir, s, config, task, state.params, meta).with_replica(
-      replica)
+  return Run(workdir, s, config, task, state.params, meta,
+             checkpoint=step if isinstance(step, str) else None
+             ).with_replica(replica)

@@ -97,36 +97,54 @@ def _display(symbol: str) -> str:
   return " " if symbol in SPACES else symbol
 
 
+def example_lines(run, split: str | None = None, num: int = 3,
+                  min_length: int = 20, max_length: int = 80
+                  ) -> list[tuple[int, int, bool]]:
+  """(start, end, cut) in the split's ids of the lines `prediction_examples`
+  shows: the first `num` lines of min_length..max_length characters, else
+  the first `num` longer ones cut to their first max_length characters (a
+  prefix's predictions are the whole line's: the model reads left to
+  right). An AnalysisError when no line has min_length characters."""
+  name = "prediction_examples"
+  require_chars(name, run)
+  split = check_split(name, run, split)
+  ids = run.task.split_ids[split]
+  ends = np.flatnonzero(ids == run.task.vocab.eos_id)
+  starts = np.concatenate([[0], ends[:-1] + 1])
+  lengths = ends - starts
+  fit = np.flatnonzero((lengths >= min_length) & (lengths <= max_length))
+  if fit.size:
+    return [(int(starts[i]), int(ends[i]), False) for i in fit[:num]]
+  long = np.flatnonzero(lengths > max_length)[:num]
+  if not long.size:
+    longest = int(lengths.max(initial=0))
+    raise fail(name, run, f"no line of at least {min_length} characters in "
+               f"split {split!r} (the longest has {longest})")
+  return [(int(starts[i]), int(starts[i]) + max_length, True) for i in long]
+
+
 def prediction_examples(run, split: str | None = None, num: int = 3,
                         min_length: int = 20, max_length: int = 80,
                         tau: float | None = None) -> dict:
   """The first `num` lines of a split with min_length..max_length
-  characters, and the model's argmax prediction of each character."""
-  name = "prediction_examples"
-  require_chars(name, run)
-  split = check_split(name, run, split)
+  characters (or, without any, the first longer ones cut to max_length:
+  `example_lines`), and the model's argmax prediction of each
+  character."""
+  split = check_split("prediction_examples", run, split)
   vocab = run.task.vocab
   ids = run.task.split_ids[split]
-  ends = np.flatnonzero(ids == vocab.eos_id)
-  starts = np.concatenate([[0], ends[:-1] + 1])
   out = []
-  for s, e in zip(starts, ends):
-    if min_length <= e - s <= max_length:
-      line = ids[s:e]
-      tokens = np.concatenate([[vocab.eos_id], line]).astype(np.int32)
-      lp = run.log_probs(tokens, temperature=temperature(run, tau))[:-1]
-      pred = lp.argmax(-1)
-      nll = -lp[np.arange(line.size), line]
-      out.append({"text": "".join(_display(c) for c in vocab.decode(line)),
-                  "predicted": "".join(_display(c)
-                                       for c in vocab.decode(pred)),
-                  "correct": float(np.mean(pred == line)),
-                  "bits": float(nll.mean() / math.log(2))})
-      if len(out) == num:
-        break
-  if not out:
-    raise fail(name, run, f"no line of {min_length}..{max_length} characters "
-               f"in split {split!r}")
+  for s, e, cut in example_lines(run, split, num, min_length, max_length):
+    line = ids[s:e]
+    tokens = np.concatenate([[vocab.eos_id], line]).astype(np.int32)
+    lp = run.log_probs(tokens, temperature=temperature(run, tau))[:-1]
+    pred = lp.argmax(-1)
+    nll = -lp[np.arange(line.size), line]
+    out.append({"text": "".join(_display(c) for c in vocab.decode(line)),
+                "predicted": "".join(_display(c)
+                                     for c in vocab.decode(pred)),
+                "correct": float(np.mean(pred == line)),
+                "bits": float(nll.mean() / math.log(2)), "cut": cut})
   return {"split": split, "examples": out}
 
 

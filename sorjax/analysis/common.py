@@ -149,12 +149,20 @@ class CheckpointReader:
 # ---------------------------------------------------------------- outputs
 
 def output_dir(run, out: str | None = None) -> str:
-  """`out`, or RUN/analysis; created."""
+  """`out`, or RUN/analysis; created. Never inside the run's checkpoint
+  folders, which training rotates away."""
   path = os.path.expanduser(out) if out else os.path.join(run.workdir,
                                                           "analysis")
   problem = checks.output_dir_problem(path)
   if problem is not None:
     raise AnalysisError(f"--out {path}: {problem}")
+  real = os.path.realpath(path)
+  for kept in ("checkpoints", "best"):
+    inside = os.path.realpath(os.path.join(run.workdir, kept))
+    if real == inside or real.startswith(inside + os.sep):
+      raise AnalysisError(f"--out {path} is inside the run's {kept}/ "
+                          "folder, whose steps training deletes as it "
+                          "rotates them: give a folder outside it")
   try:
     os.makedirs(path, exist_ok=True)
   except OSError as e:

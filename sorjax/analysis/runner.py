@@ -11,6 +11,7 @@ plot; see ANALYSES for the names and what they need.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 from typing import Any, Callable, NamedTuple
 
@@ -269,6 +270,7 @@ def _word_position(run, out, o, src, _):
 def _check_word_position(runs, o):
   characters.require_chars("word_position", runs[0])
   check_split("word_position", runs[0], o.split)
+  characters.example_lines(runs[0], o.split)  # a line long enough to show
 
 
 class Spec(NamedTuple):
@@ -363,6 +365,32 @@ def _check_values(o: Options) -> None:
       raise AnalysisError(f"--{k} must be >= 1, got {v}")
   if o.position < 0:
     raise AnalysisError(f"--position must be >= 0, got {o.position}")
+  if o.seed < 0:
+    raise AnalysisError(f"--seed must be >= 0, got {o.seed}")
+
+
+# What bounds the pass over a split of the analyses with max_tokens /
+# max_sequences (traces.batches): an LM's tokens; lines of a documents LM
+# and the Dyck tasks' sequences; word_ablation also counts an LM stream's
+# windows by max_sequences.
+_LIMITED = ("timescales", "word_ablation")
+
+
+def _check_limits(analyses, run, given) -> None:
+  """--max_tokens / --max_sequences given for a run none of the chosen
+  analyses would bound by it: an AnalysisError naming the flag (the whole
+  split would be read while the user thinks it was cut)."""
+  task = run.task.name
+  docs = task == "lm" and bool(getattr(run.task, "documents", False))
+  for a in (a for a in analyses if a in _LIMITED):
+    if "max_tokens" in given and task != "lm":
+      raise AnalysisError(f"--max_tokens bounds an LM split's tokens; {a} "
+                          f"reads this {task!r} run's split by sequences: "
+                          "give --max_sequences")
+    if ("max_sequences" in given and task == "lm" and not docs
+        and a != "word_ablation"):
+      raise AnalysisError(f"--max_sequences: {a} reads this LM run's "
+                          "stream by tokens: give --max_tokens")
 
 
 def _given(o: Options) -> list[str]:
@@ -424,6 +452,7 @@ def check(run, analyses, o: Options, given=None) -> dict:
                           f" got {type(r).__name__} {r!r}")
   _check_values(o)
   _check_given(analyses, given)
+  _check_limits(analyses, run, given)
   _check_compare(analyses, run, o.compare)
   prepared = {}
   for a in analyses:
@@ -448,9 +477,59 @@ def _source(name, run, o) -> dict:
       d["temperature"] = temperature(r, o.temperature)
     out.append(d)
   src = {"analysis": name, **out[0]}
+  if "split" in reads:
+    src["split"] = o.split  # None: the analysis' default split(s)
   if len(out) > 1:
     src["compare"] = out[1]
   return src
+
+
+def default_out(run) -> str:
+  """RUN/analysis for the best checkpoint of replica 0, else a folder in
+  it named for the checkpoint and replica (`latest`, `step_300`,
+  `best-replica_1`), so analyses of other checkpoints or seeds do not
+  replace each other's files."""
+  parts = []
+  checkpoint = getattr(run, "checkpoint", "best")
+  if checkpoint != "best":
+    parts.append(checkpoint or f"step_{run.step}")
+  if getattr(run, "replica", 0):
+    parts.append(f"replica_{run.replica}")
+  return os.path.join(run.workdir, "analysis", *(["-".join(parts)]
+                                                  if parts else []))
+
+
+# What a result file is of, beyond the checkpoint's step (a newer best
+# replaces an older one's results): a file of other values is not replaced.
+_SAME = ("workdir", "replica", "split")
+
+
+def _identity(src: dict) -> dict:
+  other = src.get("compare") or {}
+  return {**{k: src.get(k) for k in _SAME},
+          **{f"compare {k}": other.get(k) for k in ("workdir", "replica")}}
+
+
+def _check_not_replacing(analyses, run, o, out) -> None:
+  """An analysis whose JSON in `out` holds results of another run,
+  replica, split or compared run: an AnalysisError before any analysis
+  runs (those results would be lost)."""
+  for a in analyses:
+    path = os.path.join(out, f"{a}.json")
+    if not os.path.isfile(path):
+      continue
+    try:
+      with open(path, encoding="utf-8") as f:
+        old = json.load(f).get("source") or {}
+    except (OSError, ValueError, AttributeError):
+      continue  # not one of ours, or damaged: nothing to keep
+    was, now = _identity(old), _identity(_source(a, run, o))
+    differ = [f"{k} {was[k]!r} -> {now[k]!r}" for k in now
+              if was[k] != now[k]]
+    if differ:
+      raise AnalysisError(
+          f"{path} holds {a} results of other inputs ({'; '.join(differ)}):"
+          " give another --out to keep both, or delete it")
 
 
 def analysis_names(analyses) -> list[str]:
@@ -478,7 +557,8 @@ def run_analyses(run, analyses, out: str | None = None,
   analyses = analysis_names(analyses)
   o = options or Options(**kwargs)
   prepared = check(run, analyses, o, given)
-  out = output_dir(run, out)
+  out = output_dir(run, out if out else default_out(run))
+  _check_not_replacing(analyses, run, o, out)
   return {a: ANALYSES[a].fn(run, out, o, _source(a, run, o), prepared[a])
           for a in analyses}
 

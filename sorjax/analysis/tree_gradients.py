@@ -109,14 +109,19 @@ def gradient_ratio(run, split: str | None = None,
   task = run.task
   split = check_split(name, run, split, default="train")
   reader = CheckpointReader(run)
-  by_epoch = {}
+  by_epoch, finished = {}, 0
   for step in checkpoint_steps(run.workdir):
     params, meta = reader.params(step)
+    finished = max(finished, int(meta.get("epoch", 0)))
     if meta.get("position") is None:       # end of an epoch
       by_epoch[int(meta["epoch"])] = (step, params)
   if initial:
     by_epoch.setdefault(0, (0, reader.initial_params()))
   if len(by_epoch) <= int(initial):
+    if not finished:
+      raise fail(name, run, "the run has not finished an epoch yet (every "
+                 f"checkpoint in {run.workdir}/checkpoints is mid-epoch); "
+                 "its ratios are read at the ends of epochs")
     raise fail(name, run, "no end-of-epoch checkpoint is kept in "
                f"{run.workdir}/checkpoints; set train.keep_checkpoints >= "
                "train.num_epochs to keep one per epoch")

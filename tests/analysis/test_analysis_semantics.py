@@ -137,3 +137,10 @@ def test_no_end_of_epoch_checkpoint_is_an_error(monkeypatch):
     with pytest.raises(AnalysisError, match="no end-of-epoch checkpoint is "
                        "kept in /fake/checkpoints"):
       tg.gradient_ratio(run, initial=initial)
+  # in the first epoch, keeping more checkpoints would not help: said so
+  monkeypatch.setattr(_MidEpochReader, "params",
+                      lambda self, step: ({}, {"epoch": 0, "position": 5}))
+  with pytest.raises(AnalysisError, match=r"the run has not finished an "
+                     r"epoch yet \(every checkpoint in /fake/checkpoints is "
+                     r"mid-epoch\)"):
+    tg.gradient_ratio(run)

@@ -105,7 +105,16 @@ def test_prediction_examples_are_bigram_argmaxes(tmp_path):
   assert [e["text"] for e in tight["examples"]] == ["ab c", "dabcd a"]
   ch.plot_examples(res, str(tmp_path / "e.png"))
   assert (tmp_path / "e.png").stat().st_size > 0
-  with pytest.raises(AnalysisError, match="no line of 30..40 characters"):
+  assert not any(e["cut"] for e in ex)
+  # no line of 3..5 characters: the first longer ones, cut to 5 (the
+  # bigram predictions of a prefix are the whole line's)
+  cut = ch.prediction_examples(run, "test", num=2, min_length=3,
+                               max_length=3)
+  assert [e["text"] for e in cut["examples"]] == ["ab ", "dab"]
+  assert [e["cut"] for e in cut["examples"]] == [True, True]
+  assert cut["examples"][1]["predicted"] == ex[1]["predicted"][:3]
+  with pytest.raises(AnalysisError, match=r"no line of at least 30 "
+                     r"characters in split 'test' \(the longest has 7\)"):
     ch.prediction_examples(run, "test", min_length=30, max_length=40)
 
 
@@ -114,3 +123,15 @@ def test_word_level_runs_are_an_error():
   with pytest.raises(AnalysisError, match="needs a character LM .* corpus "
                      "'ptb' is word-level"):
     ch.position_losses(run, "test")
+
+
+def test_word_position_needs_a_long_enough_line_before_anything_runs(
+    tmp_path):
+  """Checked with the other analyses, before any writes a file."""
+  from sorjax.analysis import runner
+  run = _CharRun("a b <eos> c <eos>")
+  with pytest.raises(AnalysisError, match=r"no line of at least 20 "
+                     r"characters in split 'test' \(the longest has 2\)"):
+    runner.run_analyses(run, ["token_losses", "word_position"],
+                        str(tmp_path / "out"), sentence="ab")
+  assert not (tmp_path / "out").exists()

@@ -199,3 +199,69 @@ def test_trace_batches_refuse_non_positive_limits():
     next(traces.batches(task, "test", max_tokens=0))
   with pytest.raises(ValueError, match="--max_sequences must be >= 1, got -2"):
     next(traces.batches(task, "test", max_sequences=-2))
+
+
+def test_the_default_out_is_named_for_the_checkpoint_and_replica():
+  def run(checkpoint, replica=0, step=300):
+    return types.SimpleNamespace(workdir="/w", checkpoint=checkpoint,
+                                 replica=replica, step=step)
+  assert runner.default_out(run("best")) == "/w/analysis"
+  assert runner.default_out(run("latest")) == "/w/analysis/latest"
+  assert runner.default_out(run(None)) == "/w/analysis/step_300"
+  assert runner.default_out(run("best", 2)) == "/w/analysis/replica_2"
+  assert runner.default_out(run("latest", 1)) == (
+      "/w/analysis/latest-replica_1")
+
+
+def test_results_of_other_inputs_are_not_replaced(tmp_path):
+  """Another replica, or another compared run, in the same --out would
+  replace the results silently: refused before anything runs; the same
+  inputs again replace them."""
+  run, other = _BigramRun(), _BigramRun(seed=3)
+  out = str(tmp_path / "out")
+  runner.run_analyses(run, ["token_losses"], out, sentence="the cat")
+  first = (tmp_path / "out" / "token_losses.json").read_text()
+  runner.run_analyses(run, ["token_losses"], out, sentence="the cat")
+  assert (tmp_path / "out" / "token_losses.json").read_text() == first
+  seed = _BigramRun(seed=3)
+  seed.replica = 1
+  with pytest.raises(AnalysisError, match=r"token_losses.json holds "
+                     r"token_losses results of other inputs \(replica 0 -> "
+                     r"1\): give another --out to keep both, or delete it"):
+    runner.run_analyses(seed, ["token_losses"], out, sentence="the cat")
+  with pytest.raises(AnalysisError, match=r"compare workdir None -> "
+                     r"'/fake/ptb'; compare replica None -> 0"):
+    runner.run_analyses(run, ["token_losses"], out, sentence="the cat",
+                        compare=other)
+  assert (tmp_path / "out" / "token_losses.json").read_text() == first
+
+
+def test_an_out_inside_the_runs_checkpoints_is_refused(tmp_path):
+  run = _BigramRun()
+  run.workdir = str(tmp_path)
+  for inside in ("best/8", "checkpoints", "checkpoints/4/x"):
+    with pytest.raises(AnalysisError, match=r"is inside the run's "
+                       r"(best|checkpoints)/ folder, whose steps training "
+                       r"deletes"):
+      runner.run_analyses(run, ["token_losses"], str(tmp_path / inside),
+                          sentence="the cat")
+  assert not (tmp_path / "best").exists()
+
+
+def test_a_negative_seed_and_limits_no_analysis_reads_are_refused(tmp_path):
+  run = _BigramRun()
+  with pytest.raises(AnalysisError, match="--seed must be >= 0, got -1"):
+    runner.run_analyses(run, ["frequency"], str(tmp_path), seed=-1,
+                        compare=_BigramRun(seed=3))
+  with pytest.raises(AnalysisError, match=r"--max_sequences: timescales "
+                     r"reads this LM run's stream by tokens: give "
+                     r"--max_tokens"):
+    runner.run_analyses(run, ["timescales"], str(tmp_path), max_sequences=3)
+  dyck = types.SimpleNamespace(task=types.SimpleNamespace(name="dyck_pcfg"),
+                               workdir="/fake")
+  with pytest.raises(AnalysisError, match=r"--max_tokens bounds an LM "
+                     r"split's tokens; word_ablation reads this 'dyck_pcfg' "
+                     r"run's split by sequences"):
+    runner.run_analyses(dyck, ["word_ablation"], str(tmp_path),
+                        max_tokens=30)
+  assert not list(tmp_path.iterdir())

@@ -309,7 +309,7 @@ def test_compare_gets_the_same_temperature_and_the_source_is_recorded(
       perplexity.perplexity(other, None, 2.0)["cross_entropy"])
   assert ppl["source"] == {
       "analysis": "perplexity", "workdir": run.workdir, "step": run.step,
-      "replica": 0, "temperature": 2.0,
+      "replica": 0, "temperature": 2.0, "split": None,   # its default
       "compare": {"workdir": run.workdir, "step": run.step, "replica": 1,
                   "temperature": 2.0}}
   with open(written["frequency"][0]) as f:
