@@ -218,7 +218,7 @@ def main(argv):
          for a in sys.argv):
     raise app.UsageError("--config.data.fold: crossval trains every fold "
                          "itself; choose some with --folds")
-  train.prepare_process(FLAGS.host_malloc, FLAGS.small_loops,
+  train.prepare_or_exit(FLAGS.host_malloc, FLAGS.small_loops,
                         FLAGS.cpu_devices)
   workdir = os.path.expanduser(FLAGS.workdir)
   try:

@@ -51,7 +51,10 @@ def parse_flags(argv):
   msg = train.bad_path(argv)
   if msg is not None:
     _flag_error(msg)
-  argv, unset = train.none_overrides(argv)
+  try:
+    argv, literal = train.literal_overrides(argv)
+  except ValueError as e:
+    _flag_error(str(e))
   given, sys.argv = sys.argv, argv  # config_flags reads sys.argv itself
   try:
     rest = app.parse_flags_with_usage(argv)
@@ -66,7 +69,7 @@ def parse_flags(argv):
     _flag_error(msg)
   finally:
     sys.argv = given  # whole, for a restart (--host_malloc=hugepages)
-  for arg, path in unset:
+  for arg, path, value in literal:
     msg = train.unknown_override(FLAGS.config, ["main", arg])
     if msg is not None:
       _flag_error(msg)
@@ -75,7 +78,7 @@ def parse_flags(argv):
     for part in parents:
       node = node[part]
     with node.ignore_type():  # an int field's parser would refuse 'None'
-      node[leaf] = None
+      node[leaf] = value
   return rest
 
 
@@ -88,7 +91,7 @@ def _flag_error(msg: str):
 def main(argv):
   if len(argv) > 1:
     raise app.UsageError(f"unexpected arguments: {argv[1:]}")
-  train.prepare_process(FLAGS.host_malloc, FLAGS.small_loops,
+  train.prepare_or_exit(FLAGS.host_malloc, FLAGS.small_loops,
                         FLAGS.cpu_devices)
   try:
     # ~ as a shell expands it (it does not after --workdir=)

@@ -119,15 +119,49 @@ def train(ctx: Context, name: str, config: str, string: str,
     for k, v in overrides.items():
       _set(cfg, k, v)
     logging.info("training %s: %s", name, command)
+    # training time over every invocation: an interrupted one leaves its
+    # seconds here for the rerun that finishes the run
+    partial = os.path.join(wd, "reproduce_partial.json")
+    before = 0.0
+    if os.path.isfile(partial):
+      with open(partial) as f:
+        before = float(json.load(f).get("wall_s", 0.0))
     t0 = time.perf_counter()
-    trainer.train_and_evaluate(cfg, wd)
+    try:
+      trainer.train_and_evaluate(cfg, wd)
+    except ConfigError as e:
+      raise ReproduceError(_started_otherwise(wd, ctx, e)) from None
+    except BaseException:
+      if os.path.isdir(wd):
+        with open(partial, "w") as f:
+          json.dump({"wall_s": before + time.perf_counter() - t0}, f)
+      raise
     record = {"name": name, "config": f"{config}.py:{string}",
               "overrides": overrides, "command": command,
-              "wall_s": round(time.perf_counter() - t0, 1)}
+              "wall_s": round(before + time.perf_counter() - t0, 1)}
     with open(done, "w") as f:
       json.dump(record, f, indent=1)
+    if os.path.exists(partial):
+      os.remove(partial)
   ctx.runs.append(record)
   return wd
+
+
+def _started_otherwise(wd: str, ctx: Context, error: Exception) -> str:
+  """The refusal of a run an earlier invocation started with other flags,
+  naming the --replicas / --scale to rerun with."""
+  from sorjax.runs import read_config_json
+  hint = "the --scale and --replicas it was started with"
+  try:
+    saved = read_config_json(os.path.join(wd, "config.json"))
+    if saved.get("num_replicas") != ctx.replicas:
+      hint = f"--replicas={saved.get('num_replicas')}"
+    else:
+      hint = "--scale=" + ("cpu" if ctx.micro else "micro")
+  except ValueError:
+    pass
+  return (f"{wd} was started by an earlier invocation with other flags "
+          f"({error}); rerun with {hint}, or remove {wd}")
 
 
 def restore(wd: str, replica: int = 0, step="best"):
@@ -814,7 +848,7 @@ def main(argv):
   if not FLAGS.workdir:
     raise app.UsageError("--workdir is required")
   from experiments import train as trainer
-  trainer.prepare_process(FLAGS.host_malloc, FLAGS.small_loops,
+  trainer.prepare_or_exit(FLAGS.host_malloc, FLAGS.small_loops,
                           FLAGS.cpu_devices)
   try:
     s = reproduce(argv[1], FLAGS.workdir, FLAGS.scale, FLAGS.replicas,

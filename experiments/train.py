@@ -3,11 +3,15 @@ write the figures the config asks for."""
 
 from __future__ import annotations
 
+import ast
 import difflib
 import importlib.util
 import inspect
 import logging as std_logging
 import os
+import re
+import sys
+from typing import Any
 
 import jax
 from absl import logging
@@ -17,7 +21,7 @@ from sorjax.checks import (check_bool, check_int, check_number,
                            output_dir_problem)
 from sorjax.training.loop import Trainer
 from sorjax.training.tasks import make_task
-from sorjax.training.tasks.common import ConfigError, check_ints
+from sorjax.training.tasks.common import ConfigError, check_ints, check_layers
 
 
 class _QuietLibraries(std_logging.Filter):
@@ -88,6 +92,17 @@ def prepare_process(host_malloc: str, whole_small_loops: bool = False,
     logging.info("small_loops: %s", small_loops.xla_flags())
 
 
+def prepare_or_exit(host_malloc: str, whole_small_loops: bool = False,
+                    cpu_devices: int = 0) -> None:
+  """`prepare_process`, its errors (which name the flags) as the
+  launcher's exit message rather than a traceback."""
+  try:
+    prepare_process(host_malloc, whole_small_loops, cpu_devices)
+  except (ValueError, RuntimeError) as e:
+    logging.error("flag error: %s", e)
+    sys.exit(f"flag error: {e}")
+
+
 def unknown_override(config, argv, name: str = "config") -> str | None:
   """The first `--<name>.<path>` override in argv whose path names no field
   of config, as an error that names the flag, the missing field and the
@@ -101,11 +116,12 @@ def unknown_override(config, argv, name: str = "config") -> str | None:
                  if flag.startswith(p)), None)
     if path is None:
       continue
-    node, parts = config, path.split(".")
-    for i, part in enumerate(parts):
-      if "[" in part:  # an index into a sequence field: ml_collections' own
-        break
-      where = ".".join(parts[:i]) or "the config"
+    node, parts, where = config, path.split("."), "the config"
+    for part in parts:
+      m = re.fullmatch(r"([^\[\]]+)((?:\[-?\d+\])*)", part)
+      if m is None:
+        return f"flag {arg}: {part!r} is neither a field nor field[index]"
+      part, indices = m.group(1), re.findall(r"\[(-?\d+)\]", m.group(2))
       if not hasattr(node, "keys"):
         return (f"flag {arg}: {where} is a {type(node).__name__}, not a "
                 f"group of fields, so it has no field {part!r}")
@@ -115,6 +131,15 @@ def unknown_override(config, argv, name: str = "config") -> str | None:
         return (f"flag {arg}: {where} has no field {part!r}{hint} (its "
                 f"fields: {', '.join(sorted(node.keys()))})")
       node = node[part]
+      where = part if where == "the config" else f"{where}.{part}"
+      for i in map(int, indices):  # into a sequence field (model.layers)
+        if not isinstance(node, (list, tuple)):
+          return (f"flag {arg}: {where} is a {type(node).__name__}, not a "
+                  "sequence to index")
+        if not 0 <= i < len(node):
+          return (f"flag {arg}: {where} holds {len(node)} entries "
+                  f"(indices 0..{len(node) - 1})")
+        node, where = node[i], f"{where}[{i}]"
   return None
 
 
@@ -130,23 +155,38 @@ def argument(argv, name: str) -> str | None:
   return value
 
 
-def none_overrides(argv) -> tuple[list[str], list[tuple[str, str]]]:
-  """argv without its `--config.<path>=None` overrides, and those (arg,
-  path): ml_collections parses the value with the field's type, so an int
-  field could not be unset from the command line (e.g. the demo's
-  intermediate_size, to train an lstm). A later override of the same path
+# Fields whose values are tuples, specs or either of two types: ml_collections
+# parses an override with the field's current type (None has none), so they
+# are read here as Python literals instead.
+LITERAL_FIELDS = ("model.layers", "model.num_matrices", "model.timescales",
+                  "model.locked_dropout")
+
+
+def literal_overrides(argv) -> tuple[list[str], list[tuple[str, str, Any]]]:
+  """argv without the overrides set here, and those as (arg, path, value):
+  `--config.<path>=None` (an int field could not be unset from the command
+  line, e.g. the demo's intermediate_size, to train an lstm), and any value
+  of LITERAL_FIELDS, read with `ast.literal_eval` (a ValueError naming the
+  flag when it is not a Python literal). A later override of the same path
   wins, as absl's last-flag-wins."""
-  kept, unset = [argv[0]], {}
+  kept, literal = [argv[0]], {}
   for arg in argv[1:]:
-    flag, eq, value = arg.partition("=")
+    flag, eq, text = arg.partition("=")
     path = flag[len("--config."):] if flag.startswith("--config.") else None
-    if path is not None and eq and value == "None" and "[" not in path:
-      unset[path] = arg
+    if path is not None and eq and "[" not in path and (
+        text == "None" or path in LITERAL_FIELDS):
+      try:
+        value = ast.literal_eval(text)
+      except (ValueError, SyntaxError):
+        raise ValueError(f"flag {arg}: {path} takes a Python literal, e.g. "
+                         "--config.model.timescales=\"('inverse_gamma', "
+                         "0.56)\" (quoted for the shell)") from None
+      literal[path] = (arg, value)
       continue
     if path is not None:
-      unset.pop(path, None)
+      literal.pop(path, None)
     kept.append(arg)
-  return kept, [(arg, path) for path, arg in unset.items()]
+  return kept, [(arg, path, v) for path, (arg, v) in literal.items()]
 
 
 def bad_path(argv) -> str | None:
@@ -198,9 +238,13 @@ def validate(config) -> None:
     make_optimizer(config.optim.to_dict())
     TemperatureSchedule(**config.temperature.to_dict())
     _check_stopping(config)
+    from sorjax.analysis import figures
+    figures.check(config.get("figures", ()) or (), config.get("task"))
   except ValueError as e:
     raise ConfigError(str(e)) from None
   _check_batch_sharding(config)
+  if "model" in config:
+    check_layers(config.model)
 
 
 def _check_sections(config) -> None:

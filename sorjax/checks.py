@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 import numbers
 import os
+import tempfile
 from typing import Any, Callable
 
 import numpy as np
@@ -79,4 +80,9 @@ def output_dir_problem(path: str) -> str | None:
     return f"{probe} is a file, not a directory"
   if not os.access(probe, os.W_OK | os.X_OK):
     return f"{probe} is not writable"
+  try:  # access() says yes to root, also where nothing can be made (/proc)
+    made = tempfile.mkdtemp(prefix=".sorjax-probe-", dir=probe)
+  except OSError as e:
+    return f"cannot make a folder in {probe} ({e.strerror or e})"
+  os.rmdir(made)
   return None

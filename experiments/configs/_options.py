@@ -22,8 +22,10 @@ from ml_collections.config_dict import placeholder
 from sorjax.training.tasks.common import ConfigError
 
 # Optional (None by default) fields of common.config / base_config and
-# their types once set. Fields whose values are tuples or specs (model.layers,
-# num_matrices, timescales) are left alone: their CLI form is a string.
+# their types once set. Fields whose values are tuples or specs
+# (model.layers, num_matrices, timescales, locked_dropout) are left alone:
+# the launchers read their overrides as Python literals
+# (`experiments.train.LITERAL_FIELDS`).
 OPTIONAL = {
     "train.max_steps": int, "early_stopping.patience": int,
     "early_stopping.stop_below": float,

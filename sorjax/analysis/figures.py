@@ -8,6 +8,26 @@ import os
 import jax
 
 
+# figure name -> the tasks it is drawn for
+FIGURES = {"ldpa": ("dyck_lm", "dyck_closing")}
+
+
+def check(names, task: str) -> None:
+  """A ValueError naming `figures` entries that are unknown or not drawn
+  for `task` (checked before training, not after)."""
+  if isinstance(names, str):
+    raise ValueError(f"figures={names!r} must be a tuple of names, e.g. "
+                     f"('ldpa',)")
+  for name in names:
+    if name not in FIGURES:
+      raise ValueError(f"figures: unknown figure {name!r}; known: "
+                       f"{', '.join(FIGURES)}")
+    if task not in FIGURES[name]:
+      raise ValueError(f"figures: {name!r} is drawn for the "
+                       f"{' and '.join(FIGURES[name])} tasks, not "
+                       f"{task!r}")
+
+
 def make(name: str, task, state, config, workdir: str) -> str:
   """Writes figure `name` of replica 0 to <workdir>/figures/<name>.png."""
   from sorjax.analysis import dyck

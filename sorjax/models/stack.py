@@ -108,6 +108,11 @@ class RecurrentTrunk(nn.Module):
     # Hashable attributes: the module can be a static argument of jax.jit.
     object.__setattr__(self, "embedding_table",
                        constant(self.embedding_table))
+    if self.hidden_dropout > 0 and len(self.cells) == 1:
+      raise self._error(
+          f"hidden_dropout={self.hidden_dropout} drops the outputs between "
+          "layers, and this stack has one layer (input_dropout and "
+          "output_dropout act around it)")
     if not isinstance(self.locked_dropout, bool):
       object.__setattr__(self, "locked_dropout", tuple(self.locked_dropout))
     self._validate()
@@ -158,6 +163,11 @@ class RecurrentTrunk(nn.Module):
       checks.check_number(f"{type(self).__name__}: {name}",
                           getattr(self, name), "in [0, 1)",
                           lambda rate: 0 <= rate < 1)
+    if self.hidden_dropout > 0 and len(self.cells) == 1:
+      raise self._error(
+          f"hidden_dropout={self.hidden_dropout} drops the outputs between "
+          "layers, and this stack has one layer (input_dropout and "
+          "output_dropout act around it)")
     if not isinstance(self.locked_dropout, bool):
       bad = [s for s in self.locked_dropout if s not in DROPOUT_SITES]
       if bad:

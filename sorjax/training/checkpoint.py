@@ -105,9 +105,12 @@ class Checkpointer:
       raise ValueError(f"step must be 'latest', 'best' or an int, got {step!r}")
     available = self._steps()
     if s is None or mngr is None:
+      hint = ("; best/ is written when an epoch is evaluated, and this run "
+              "has evaluated none (step 'latest' reads its last state)"
+              if step == "best" and available else "")
       raise FileNotFoundError(
           f"no checkpoint {step!r} in {self.workdir} (available steps: "
-          f"{available or 'none'})")
+          f"{available or 'none'}){hint}")
     return mngr, s
 
   def restore_meta(self, step="latest") -> tuple[int, dict]:

@@ -424,7 +424,9 @@ class Trainer:
     if resuming:
       logging.info("resumed from %s/checkpoints/%d (epoch %d)",
                    self.workdir, step0, meta["epoch"])
-      _truncate_metrics(self.workdir, step0)
+      _truncate_metrics(self.workdir, step0, meta["position"] is not None)
+    else:
+      _truncate_metrics(self.workdir, 0)
     if meta["stopped_early"]:
       logging.info("run in %s stopped early before; nothing to do",
                    self.workdir)
@@ -496,7 +498,8 @@ class Trainer:
     try:
       while epoch < tcfg.num_epochs and not stop:
         tau = self.temperature(step, epoch)
-        for batch, position in task.train_batches(epoch, position):
+        batches = iter(task.train_batches(epoch, position))
+        for batch, position in batches:
           if self.temperature.per == "step":
             tau = self.temperature(step, epoch)
           state, metrics = self._step_fn(state, self._shard_batch(batch),
@@ -533,19 +536,27 @@ class Trainer:
           if max_steps and step >= max_steps:
             stop = True
             break
-        if stop:
-          break
+        if stop and next(batches, None) is not None:
+          break  # max_steps inside the epoch; at its last batch it ends it
         # ---- end of epoch: evaluate, schedule, select, stop
         epoch += 1
         position = None
-        stop, start_avg = self._end_of_epoch(state, step, epoch, writer, ckpt,
-                                             early, triggers, plateau_state,
-                                             meta)
+        early_stop, start_avg = self._end_of_epoch(
+            state, step, epoch, writer, ckpt, early, triggers,
+            plateau_state, meta)
         state = self._apply_epoch_decisions(state, plateau_state, start_avg)
-        meta["stopped_early"] = stop
+        meta["stopped_early"] = early_stop
+        stop = stop or early_stop
         save()
         stop_if_signalled()
       save()
+      if position is not None and stop:
+        logging.warning(
+            "stopped by train.max_steps=%d at step %d, inside epoch %d: that "
+            "epoch is not evaluated%s", max_steps, step, epoch + 1,
+            "" if ckpt.best_step() is not None else
+            " and no epoch has been (best/ is empty; sorjax.restore and "
+            "experiments.analyze read step 'latest')")
     finally:
       signals.close()
       ckpt.wait()
@@ -685,13 +696,25 @@ def _selected(results: dict, metric: str, split: str) -> float:
   return float(results[metric])
 
 
-def _truncate_metrics(workdir: str, step: int) -> None:
-  """Drops metric records written after `step` (they are recomputed)."""
+def _truncate_metrics(workdir: str, step: int, mid_epoch: bool = False
+                      ) -> None:
+  """Drops metric records written after the checkpoint at `step` (they
+  are recomputed): those of later steps, and, when that checkpoint was
+  saved before its epoch's end (`mid_epoch`), the evaluations logged at
+  `step` itself (an epoch ending at a checkpoint_every step evaluates
+  after that save). A new run (step 0) drops every record, e.g. of a run
+  killed before its first checkpoint."""
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     return
   with open(path, encoding="utf-8") as f:
     lines = f.readlines()
-  keep = [l for l in lines if l.strip() and json.loads(l)["step"] <= step]
+
+  def kept(rec):
+    if rec["step"] != step:
+      return rec["step"] < step
+    return step > 0 and (not mid_epoch or rec.get("split") == "train")
+
+  keep = [l for l in lines if l.strip() and kept(json.loads(l))]
   with open(path, "w", encoding="utf-8") as f:
     f.writelines(keep)

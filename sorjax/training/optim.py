@@ -72,10 +72,44 @@ def _check_schedule(cfg: Mapping[str, Any], kind: str) -> None:
                      "the warmup in its total)")
 
 
+# The optim fields each optimizer and schedule reads (beyond name,
+# learning_rate, schedule, clip_norm and weight_decay, read by all).
+OPTIMIZER_READS = {"adam": ("b1", "b2", "eps"), "sgd": ("momentum",),
+                   "nt_asgd": ("momentum",),
+                   "adagrad": ("initial_accumulator",)}
+SCHEDULE_READS = {
+    "constant": (), "warmup_constant": ("warmup_steps",),
+    "exponential": ("warmup_steps", "decay_steps", "decay_rate",
+                    "staircase", "end_value"),
+    "cosine": ("total_steps", "end_value", "alpha"),
+    "warmup_cosine": ("warmup_steps", "total_steps", "end_value")}
+
+
+def _check_read(cfg: Mapping[str, Any], reads: dict, chosen: str,
+                what: str) -> None:
+  """A field of `reads`' other entries set in cfg away from its default
+  (`base_config().optim`; None where it has none) but not read by `chosen`:
+  a ValueError naming it, since it would change nothing."""
+  from sorjax.training.config import base_config
+  defaults = base_config().optim
+  for key in sorted({k for v in reads.values() for k in v}
+                    - set(reads.get(chosen, ()))):
+    value = _get(cfg, key)
+    if value is not None and value != defaults.get(key):
+      readers = [n for n, v in reads.items() if key in v]
+      raise ValueError(
+          f"optim.{key}={value!r} is read by {what} {', '.join(readers)} "
+          f"only, not {chosen!r}: leave it at {defaults.get(key)!r}")
+
+
 def learning_rate_schedule(cfg: Mapping[str, Any]) -> optax.Schedule:
   """cfg.learning_rate and cfg.schedule in SCHEDULES (+ its fields)."""
   kind = _get(cfg, "schedule", "constant")
+  if kind not in SCHEDULES:
+    raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got "
+                     f"{kind!r}")
   _check_schedule(cfg, kind)
+  _check_read(cfg, SCHEDULE_READS, kind, "the schedules")
   lr = float(cfg["learning_rate"])
   warmup = int(_get(cfg, "warmup_steps", 0))
   if kind == "constant":
@@ -94,9 +128,18 @@ def learning_rate_schedule(cfg: Mapping[str, Any]) -> optax.Schedule:
     total = _get(cfg, "total_steps")
     if total is None:
       raise ValueError(f"optim.schedule={kind!r} needs optim.total_steps")
-    if kind == "cosine":
+    if kind == "cosine":  # decays to end_value = alpha * lr
+      end, alpha = _get(cfg, "end_value"), _get(cfg, "alpha")
+      if end is not None and alpha is not None:
+        raise ValueError("optim.end_value and optim.alpha both set: the "
+                         "cosine schedule ends at end_value = alpha * lr")
+      if end is not None:
+        if end > lr:
+          raise ValueError(f"optim.end_value={end} exceeds "
+                           f"optim.learning_rate={lr}: cosine decays")
+        alpha = end / lr
       return optax.cosine_decay_schedule(lr, int(total),
-                                         float(_get(cfg, "alpha", 0.0)))
+                                         float(alpha or 0.0))
     return optax.warmup_cosine_decay_schedule(
         0.0, lr, warmup, int(total), float(_get(cfg, "end_value", 0.0)))
   raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got {kind!r}")
@@ -113,9 +156,7 @@ def make_optimizer(cfg: Mapping[str, Any]) -> optax.GradientTransformation:
   if name not in OPTIMIZERS:
     raise ValueError(f"optim.name must be one of {OPTIMIZERS}, got {name!r}")
   _check_fields(cfg, _OPTIMIZER_FIELDS)
-  if name not in ("sgd", "nt_asgd") and _get(cfg, "momentum") is not None:
-    raise ValueError(f"optim.momentum={cfg['momentum']!r} is read by sgd and "
-                     f"nt_asgd only; set it to None for {name}")
+  _check_read(cfg, OPTIMIZER_READS, name, "the optimizers")
   schedule = learning_rate_schedule(cfg)
   clip = _get(cfg, "clip_norm")
   wd = _get(cfg, "weight_decay", 0.0)

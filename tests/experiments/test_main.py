@@ -113,15 +113,55 @@ def test_sigint_saves_the_step_and_exits_130_without_a_traceback(tmp_path):
   assert max(map(int, os.listdir(workdir / "checkpoints"))) == step
 
 
-def test_none_overrides_are_taken_out_and_the_last_flag_wins():
+def test_none_and_literal_overrides_are_taken_out_and_the_last_flag_wins():
   argv = ["main", "--config=c.py", "--config.model.intermediate_size=None",
           "--config.seed=None", "--config.seed=3", "--config.a[0]=None",
-          "--workdir=None"]
-  kept, unset = launcher.none_overrides(argv)
+          "--workdir=None", "--config.model.timescales=('inverse_gamma', 0.5)",
+          "--config.model.num_matrices=3",
+          "--config.model.locked_dropout=('output',)"]
+  kept, literal = launcher.literal_overrides(argv)
   assert kept == ["main", "--config=c.py", "--config.seed=3",
                   "--config.a[0]=None", "--workdir=None"]
-  assert unset == [("--config.model.intermediate_size=None",
-                    "model.intermediate_size")]
+  assert [(p, v) for _, p, v in literal] == [
+      ("model.intermediate_size", None),
+      ("model.timescales", ("inverse_gamma", 0.5)),
+      ("model.num_matrices", 3), ("model.locked_dropout", ("output",))]
+  with pytest.raises(ValueError, match=r"flag --config.model.timescales="
+                     r"inverse_gamma: model.timescales takes a Python "
+                     r"literal"):
+    launcher.literal_overrides(["main",
+                                "--config.model.timescales=inverse_gamma"])
+
+
+def test_indexed_overrides_are_checked_like_fields():
+  import ml_collections
+  c = ml_collections.ConfigDict({"model": {"layers": (
+      {"cell": "lstm", "hidden_size": 8}, {"cell": "lstm", "hidden_size": 4})}})
+  ok = launcher.unknown_override(c, ["m", "--config.model.layers[1]."
+                                     "hidden_size=6"])
+  assert ok is None
+  assert launcher.unknown_override(c, [
+      "m", "--config.model.layers[0].hidden_sise=6"]) == (
+          "flag --config.model.layers[0].hidden_sise=6: model.layers[0] has "
+          "no field 'hidden_sise'; did you mean 'hidden_size'? (its fields: "
+          "cell, hidden_size)")
+  assert launcher.unknown_override(c, [
+      "m", "--config.model.layers[5].hidden_size=6"]) == (
+          "flag --config.model.layers[5].hidden_size=6: model.layers holds 2 "
+          "entries (indices 0..1)")
+
+
+def test_a_spec_field_is_set_from_the_command_line(tmp_path):
+  """model.timescales is None in the tiny config: an mts_lstm needs it,
+  and ml_collections could not parse it for a None field."""
+  res = run_main(*argv(CONFIG, tmp_path / "mts")[1:],
+                 "--config.model.cell=mts_lstm",
+                 "--config.model.intermediate_size=None",
+                 "--config.model.timescales=('inverse_gamma', 0.56)",
+                 "--config.train.num_epochs=1", timeout=300)
+  assert res.returncode == 0, res.stderr[-2000:]
+  saved = json.load(open(tmp_path / "mts" / "config.json"))
+  assert saved["model"]["timescales"] == ["inverse_gamma", 0.56]
 
 
 def test_an_int_field_is_unset_by_none_from_the_command_line(

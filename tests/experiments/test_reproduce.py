@@ -212,3 +212,42 @@ def test_item_3_trains_every_fold_and_averages_them(tmp_path, monkeypatch):
   assert "minus_none_identity" not in out["none_identity"]
   assert out["ratio_sweep"]["1"] == out["none_tanh"]["bpc_from_loss"]
   assert out["ratio_sweep"]["20"]["n"] == 5
+
+
+def test_an_interrupted_run_counts_every_invocations_time(tmp_path,
+                                                          monkeypatch):
+  import time
+  calls = []
+
+  def fake_train(cfg, wd):
+    os.makedirs(wd, exist_ok=True)
+    calls.append(wd)
+    if len(calls) == 1:
+      time.sleep(0.3)
+      raise KeyboardInterrupt
+
+  monkeypatch.setattr("experiments.train.train_and_evaluate", fake_train)
+  ctx = reproduce.Context(str(tmp_path), "micro", 2)
+  with pytest.raises(KeyboardInterrupt):
+    reproduce.train(ctx, "run", "lin_dyck", "lstm,m4", {})
+  wd = reproduce.train(ctx, "run", "lin_dyck", "lstm,m4", {})
+  record = json.load(open(os.path.join(wd, "reproduce_run.json")))
+  assert record["wall_s"] >= 0.3 and len(calls) == 2
+  assert not os.path.exists(os.path.join(wd, "reproduce_partial.json"))
+
+
+def test_a_run_started_with_other_flags_names_them(tmp_path, monkeypatch):
+  from sorjax.training.tasks.common import ConfigError
+
+  def refused(cfg, wd):
+    os.makedirs(wd, exist_ok=True)
+    with open(os.path.join(wd, "config.json"), "w") as f:
+      json.dump({"num_replicas": 3}, f)
+    raise ConfigError("holds checkpoints trained with another config")
+
+  monkeypatch.setattr("experiments.train.train_and_evaluate", refused)
+  ctx = reproduce.Context(str(tmp_path), "micro", 2)
+  with pytest.raises(reproduce.ReproduceError, match=r"run was started by "
+                     r"an earlier invocation with other flags \(holds .*\); "
+                     r"rerun with --replicas=3, or remove"):
+    reproduce.train(ctx, "run", "lin_dyck", "lstm,m4", {})

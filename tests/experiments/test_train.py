@@ -141,6 +141,59 @@ def test_validate_checks_the_loop_fields(path, value, msg):
     train.validate(cfg)
 
 
+@pytest.mark.parametrize("task, figures, msg", [
+    ("dyck_lm", ("ldpa", "foo"), r"figures: unknown figure 'foo'; known: "
+                                 r"ldpa"),
+    ("dyck_pcfg", ("ldpa",), r"figures: 'ldpa' is drawn for the dyck_lm and "
+                             r"dyck_closing tasks, not 'dyck_pcfg'"),
+    ("dyck_lm", "ldpa", r"figures='ldpa' must be a tuple of names"),
+])
+def test_figures_are_checked_before_training(task, figures, msg):
+  cfg = tiny_dyck.get_config()
+  cfg.task, cfg.figures = task, figures
+  with pytest.raises(ConfigError, match=msg):
+    train.validate(cfg)
+
+
+@pytest.mark.parametrize("field, value, msg", [
+    ("cell", "gru", r"model.cell='gru' is read for a uniform stack, and "
+                    r"model.layers sets each of its 2 layers: give "
+                    r"model.layers\[i\].cell"),
+    ("hidden_size", 6, r"model.hidden_size=6 is read for a uniform stack"),
+    ("forget_bias", 2.0, r"model.forget_bias=2.0 is read for a uniform"),
+    ("num_layers", 5, r"model.num_layers=5: model.layers holds 2 layers"),
+])
+def test_uniform_stack_fields_beside_layers_are_refused(field, value, msg):
+  from experiments.configs import common
+  cfg = common.config("dyck_lm", tiny_dyck.get_config().data,
+                      layers=({"cell": "lstm", "hidden_size": 6},
+                              {"cell": "mrnn", "hidden_size": 4}))
+  train.validate(cfg)     # cell and hidden_size left None by the layers
+  cfg.model[field] = value
+  with pytest.raises(ConfigError, match=msg):
+    train.validate(cfg)
+
+
+def test_a_workdir_nothing_can_be_made_in_is_named(monkeypatch, tmp_path):
+  """os.access says yes to root, also in /proc: a folder is made and
+  removed to be sure."""
+  from sorjax.checks import output_dir_problem
+  monkeypatch.setattr(os, "access", lambda *a: True)
+  assert output_dir_problem("/proc/sorjax_qa").startswith(
+      "cannot make a folder in /proc (")
+  assert output_dir_problem(str(tmp_path / "a" / "b")) is None
+  assert os.listdir(tmp_path) == []
+
+
+def test_launcher_flag_errors_exit_with_a_message(monkeypatch):
+  def refuse(*a):
+    raise ValueError("--cpu_devices=2: XLA_FLAGS sets 3 devices")
+  monkeypatch.setattr(train, "prepare_process", refuse)
+  with pytest.raises(SystemExit, match=r"flag error: --cpu_devices=2: "
+                     r"XLA_FLAGS sets 3"):
+    train.prepare_or_exit("default", False, 2)
+
+
 def test_a_selection_metric_the_task_lacks_fails_before_training(tmp_path):
   cfg = tiny_dyck.get_config()
   cfg.selection.metric, cfg.selection.mode = "accuracy", "max"

@@ -194,3 +194,11 @@ def test_tree_task_eval_sums_count_labelled_slots_only():
   lse = np.log(np.exp(2.0) + 2.0)
   np.testing.assert_allclose(float(nll), (lse - 0.0) + (lse - 2.0),
                              rtol=1e-5)
+
+
+def test_hidden_dropout_on_a_one_layer_stack_is_refused():
+  """Between-layer dropout on one layer would drop nothing, silently."""
+  with pytest.raises(ValueError, match=r"hidden_dropout=0.3 drops the "
+                     r"outputs between layers, and this stack has one layer"):
+    LanguageModel([make("rnn", hidden_size=4)], vocab_size=5, embed_size=4,
+                  hidden_dropout=0.3).init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32))

@@ -147,6 +147,55 @@ def test_a_run_cannot_be_resumed_shorter_than_it_has_trained(tmp_path):
   assert int(run(tmp_path / "cut", train={"num_epochs": 2}).step[0]) == 12
 
 
+def test_max_steps_at_an_epochs_last_batch_evaluates_that_epoch(
+    tmp_path, caplog):
+  """6 batches an epoch: max_steps=12 ends epoch 2, which is evaluated
+  (best/ written) as without max_steps; max_steps=7 stops inside epoch 2,
+  says so, and leaves it unevaluated."""
+  from sorjax.training.checkpoint import Checkpointer
+  run(tmp_path / "at", train={"max_steps": 12})
+  valid = read_metrics(str(tmp_path / "at"), "valid")
+  assert [r["step"] for r in valid] == [6, 12]
+  full = run(tmp_path / "full", train={"num_epochs": 2})
+  drop = lambda rs: [{k: v for k, v in r.items() if k != "time"}  # noqa
+                     for r in rs]
+  assert drop(read_metrics(str(tmp_path / "full"), "valid")) == drop(valid)
+  ck = Checkpointer(str(tmp_path / "at"), read_only=True)
+  assert ck.best_step() in (6, 12)
+  ck.close()
+  with caplog.at_level("WARNING"):
+    run(tmp_path / "in", train={"max_steps": 4})
+  assert "stopped by train.max_steps=4 at step 4, inside epoch 1: that " \
+         "epoch is not evaluated and no epoch has been" in caplog.text
+  with pytest.raises(FileNotFoundError, match=r"no checkpoint 'best' .*has "
+                     r"evaluated none \(step 'latest' reads its last "
+                     r"state\)"):
+    Checkpointer(str(tmp_path / "in"), read_only=True).restore_meta("best")
+
+
+def test_a_new_run_drops_the_metrics_of_one_killed_before_its_first_save(
+    tmp_path):
+  """metrics.jsonl records of a run that saved no checkpoint (killed
+  early) are not kept beside the new run's; a resume from a checkpoint
+  saved at an epoch's last batch, before that epoch's evaluation, drops
+  that evaluation (it is made again)."""
+  (tmp_path / "metrics.jsonl").write_text(
+      json.dumps({"step": 1, "split": "train", "loss": 9.0}) + "\n")
+  run(tmp_path)
+  assert [r["loss"] for r in read_metrics(str(tmp_path), "train")
+          if r["step"] == 1] != [9.0]
+  from sorjax.training.loop import _truncate_metrics
+  recs = [{"step": 6, "split": "train"}, {"step": 6, "split": "valid"},
+          {"step": 7, "split": "train"}, {"step": 5, "split": "valid"}]
+  path = tmp_path / "m"
+  os.makedirs(path)
+  for mid, want in ((True, [recs[0], recs[3]]), (False, recs[:2] + recs[3:])):
+    (path / "metrics.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in recs))
+    _truncate_metrics(str(path), 6, mid_epoch=mid)
+    assert read_metrics(str(path)) == want
+
+
 class VocabTask(ToyTask):
   """ToyTask reading a corpus whose vocabulary is `symbols`."""
 

@@ -211,10 +211,48 @@ def test_momentum_is_checked_and_read_by_sgd_only():
                                        r"finite number in \[0, 1\)"):
     optim.make_optimizer({"name": "sgd", "learning_rate": 1.0,
                           "momentum": 1.0})
-  with pytest.raises(ValueError, match="optim.momentum=0.9 is read by sgd"):
+  with pytest.raises(ValueError, match="optim.momentum=0.9 is read by the "
+                     "optimizers sgd, nt_asgd only, not 'adam'"):
     optim.make_optimizer({"name": "adam", "learning_rate": 1.0,
                           "momentum": 0.9})
   optim.make_optimizer({"name": "sgd", "learning_rate": 1.0, "momentum": 0.9})
+
+
+@pytest.mark.parametrize("cfg, msg", [
+    ({"name": "adam", "initial_accumulator": 0.5},
+     r"optim.initial_accumulator=0.5 is read by the optimizers adagrad only, "
+     r"not 'adam': leave it at 0.1"),
+    ({"name": "adagrad", "b1": 0.5}, r"optim.b1=0.5 is read by the "
+                                     r"optimizers adam only, not 'adagrad'"),
+    ({"name": "adagrad", "eps": 0.1}, r"optim.eps=0.1 is read by the "
+                                      r"optimizers adam only"),
+    ({"name": "adam", "warmup_steps": 100}, r"optim.warmup_steps=100 is "
+     r"read by the schedules warmup_constant, exponential, warmup_cosine "
+     r"only, not 'constant': leave it at 0"),
+    ({"name": "adam", "total_steps": 10}, r"optim.total_steps=10 is read "
+                                          r"by the schedules cosine"),
+    ({"name": "adam", "decay_rate": 0.1}, r"optim.decay_rate=0.1 is read "
+                                          r"by the schedules exponential"),
+])
+def test_fields_the_optimizer_or_schedule_does_not_read_are_refused(cfg,
+                                                                   msg):
+  """Set away from base_config's default, they would change nothing."""
+  with pytest.raises(ValueError, match=msg):
+    optim.make_optimizer({"learning_rate": 1e-3, **cfg})
+  # at their defaults they are fine (every config carries them)
+  optim.make_optimizer({"learning_rate": 1e-3, "name": "adam", "b1": 0.9,
+                        "initial_accumulator": 0.1, "warmup_steps": 0,
+                        "decay_steps": 1, "decay_rate": 0.5})
+
+
+def test_cosine_decays_to_end_value():
+  c = optim.learning_rate_schedule({"learning_rate": 2.0, "schedule": "cosine",
+                                    "total_steps": 10, "end_value": 0.2})
+  np.testing.assert_allclose([float(c(i)) for i in (0, 5, 10)],
+                             [2.0, 1.1, 0.2], rtol=1e-6)
+  with pytest.raises(ValueError, match="optim.end_value=3.0 exceeds"):
+    optim.learning_rate_schedule({"learning_rate": 2.0, "schedule": "cosine",
+                                  "total_steps": 10, "end_value": 3.0})
 
 
 def test_warmup_cosine_total_must_exceed_warmup():

@@ -77,11 +77,32 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       unroll=None, hoist=True,
       fused_grad=None,
       **{k: None for k in CELL_HPARAMS}))
+  if overrides.get("layers"):  # each layer names its own cell and size
+    overrides = {"cell": None, "hidden_size": None, **overrides}
   for k, v in overrides.items():
     if k not in c:
       raise ConfigError(f"model_config: unknown field {k!r}")
     c[k] = v
   return c
+
+
+def check_layers(m: ml_collections.ConfigDict) -> None:
+  """With model.layers set, the uniform stack's fields (cell, hidden_size,
+  num_layers and the cell hyperparameters) are not read: one set anyway
+  (an override meant for the layers) is a ConfigError naming it."""
+  layers = m.get("layers")
+  if not layers:
+    return
+  for k in ("cell", "hidden_size", *CELL_HPARAMS):
+    if m.get(k) is not None:
+      raise ConfigError(
+          f"model.{k}={m[k]!r} is read for a uniform stack, and "
+          f"model.layers sets each of its {len(layers)} layers: give "
+          f"model.layers[i].{k}, or leave model.{k} None")
+  if m.get("num_layers", 1) not in (1, len(layers)):
+    raise ConfigError(
+        f"model.num_layers={m.num_layers}: model.layers holds "
+        f"{len(layers)} layers")
 
 
 def _make_cell(layer: dict, where: str):
