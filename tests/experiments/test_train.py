@@ -285,8 +285,12 @@ def test_unknown_override_names_the_flag_and_the_fields_there():
   cfg = tiny_dyck.get_config()
   argv = ["main", f"--config={CONFIG}", "--workdir=/tmp/w",
           "--config.model.cell=lstm", "--config.seed", "3",
-          "--config.figures[0]=ldpa", "--jax_platforms=cpu"]
+          "--jax_platforms=cpu"]
   assert train.unknown_override(cfg, argv) is None
+  # an indexed path is checked too (this config has no figures field)
+  assert train.unknown_override(cfg, argv + ["--config.figures[0]=ldpa"]
+                                ).startswith(
+      "flag --config.figures[0]=ldpa: the config has no field 'figures'")
   fields = ", ".join(sorted(cfg.model.keys()))
   assert train.unknown_override(cfg, argv + ["--config.model.hiden_size=8"]) \
       == ("flag --config.model.hiden_size=8: model has no field 'hiden_size'; "
