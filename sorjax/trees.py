@@ -135,7 +135,10 @@ class TreeParseError(ValueError):
                      f"\n  {' ' * (len(prefix) + pos - lo)}^")
 
 
-_TOKEN = re.compile(r"[()]|[^\s()]+")
+# Words split at ASCII blanks only, as the SST files and their builder do:
+# str patterns' \s also matches U+00A0, which SST's train split has inside
+# three words ("8\u00a01\/2").
+_TOKEN = re.compile(r"[()]|[^ \t\n\r\f\v()]+")
 
 
 def _tokens(text: str):
@@ -520,6 +523,9 @@ def encode(trees: Sequence[Tree | TreeArrays | Any],
   for name, value in (("width", width), ("max_leaves", max_leaves),
                       ("max_steps", max_steps)):
     _check_size(name, value)
+  # like a word id: a padded leaf slot is still looked up in the embedding
+  checks.check_int("encode: pad_id (a token id: padded leaf slots are "
+                   "embedded too)", pad_id, 0)
   if not len(trees):
     raise ValueError("encode: no trees")
   arrs = [t if isinstance(t, TreeArrays) else

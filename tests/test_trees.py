@@ -225,6 +225,22 @@ def test_sst_dev_counts(shared_data):
   assert labels.min() >= 0 and labels.max() <= 4  # a 0-4 label on every node
 
 
+def test_a_no_break_space_stays_inside_a_word():
+  """SST's train split has U+00A0 inside three words; only ASCII blanks
+  separate words (the SST builder reads them so too)."""
+  t = trees.parse("(3 (2 8\u00a01\\/2) (2 b))")
+  assert t.leaves() == ["8\u00a01\\/2", "b"]
+
+
+def test_sst_train_parses_whole(shared_data):
+  """Its lines 4342, 5799 and 7409 hold a word with U+00A0."""
+  train = trees.read_trees(os.path.join(shared_data, "sst", "train.txt"))
+  assert len(train) == 8544
+  # SOURCES.md's 163,566 tokens split at every blank, U+00A0 too
+  assert sum(len(t.leaves()) for t in train) == 163566 - 3
+  assert "8\u00a01\\/2" in train[4341].leaves()
+
+
 def test_tree_validation_and_from_nested():
   with pytest.raises(ValueError, match="either a word .* or children"):
     Tree("1", (Tree(word="a"),), word="b")
@@ -440,6 +456,11 @@ def test_encode_pads_to_fixed_sizes_and_reports_overflow():
   for name in ("width", "max_leaves", "max_steps"):
     with pytest.raises(ValueError, match=f"{name} must be None or an int >= 1"):
       trees.encode(batch, **{name: 0})
+  for bad in (-1, 1.5, True):
+    with pytest.raises(ValueError, match=r"encode: pad_id \(a token id: "
+                       r"padded leaf slots are embedded too\) must be an int "
+                       r">= 0"):
+      trees.encode(batch, pad_id=bad)
 
 
 def test_encode_errors_name_tree_and_item():
