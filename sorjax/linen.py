@@ -8,7 +8,9 @@ one flax param per top-level name), so `variables["params"]` of an adapter
 (or `["params"]["cell"]` of an `nn.RNN`) is a valid `params` argument of
 `sorjax.unroll`. `sorjax.unroll` stays the fast path: `nn.RNN` runs
 `precompute` inside every step (no hoisting) and, under `seq_lengths`, keeps
-every carry to pick the last valid one.
+every carry to pick the last valid one. A row of length 0 differs: flax's
+final carry for it is not the initial carry, which `sorjax.unroll` returns
+(its outputs, all padding, agree).
 
 Extra inputs (aux): `aux={"temperature": 0.5}` as a module attribute; each
 value is passed to `precompute` unchanged at every step, so it must be a
