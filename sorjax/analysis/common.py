@@ -148,11 +148,25 @@ class CheckpointReader:
 
 # ---------------------------------------------------------------- outputs
 
+def default_out(run) -> str:
+  """RUN/analysis for the best checkpoint of replica 0, else a folder in
+  it named for the checkpoint and replica (`latest`, `step_300`,
+  `best-replica_1`), so analyses of other checkpoints or seeds do not
+  replace each other's files."""
+  parts = []
+  checkpoint = getattr(run, "checkpoint", "best")
+  if checkpoint != "best":
+    parts.append(checkpoint or f"step_{run.step}")
+  if getattr(run, "replica", 0):
+    parts.append(f"replica_{run.replica}")
+  return os.path.join(run.workdir, "analysis", *(["-".join(parts)]
+                                                  if parts else []))
+
+
 def output_dir(run, out: str | None = None) -> str:
-  """`out`, or RUN/analysis; created. Never inside the run's checkpoint
-  folders, which training rotates away."""
-  path = os.path.expanduser(out) if out else os.path.join(run.workdir,
-                                                          "analysis")
+  """`out`, or `default_out(run)`; created. Never inside the run's
+  checkpoint folders, which training rotates away."""
+  path = os.path.expanduser(out) if out else default_out(run)
   problem = checks.output_dir_problem(path)
   if problem is not None:
     raise AnalysisError(f"--out {path}: {problem}")

@@ -484,21 +484,6 @@ def _source(name, run, o) -> dict:
   return src
 
 
-def default_out(run) -> str:
-  """RUN/analysis for the best checkpoint of replica 0, else a folder in
-  it named for the checkpoint and replica (`latest`, `step_300`,
-  `best-replica_1`), so analyses of other checkpoints or seeds do not
-  replace each other's files."""
-  parts = []
-  checkpoint = getattr(run, "checkpoint", "best")
-  if checkpoint != "best":
-    parts.append(checkpoint or f"step_{run.step}")
-  if getattr(run, "replica", 0):
-    parts.append(f"replica_{run.replica}")
-  return os.path.join(run.workdir, "analysis", *(["-".join(parts)]
-                                                  if parts else []))
-
-
 # What a result file is of, beyond the checkpoint's step (a newer best
 # replaces an older one's results): a file of other values is not replaced.
 _SAME = ("workdir", "replica", "split")
@@ -510,11 +495,11 @@ def _identity(src: dict) -> dict:
           **{f"compare {k}": other.get(k) for k in ("workdir", "replica")}}
 
 
-def _check_not_replacing(analyses, run, o, out) -> None:
+def _check_not_replacing(sources: dict, out) -> None:
   """An analysis whose JSON in `out` holds results of another run,
-  replica, split or compared run: an AnalysisError before any analysis
-  runs (those results would be lost)."""
-  for a in analyses:
+  replica, split or compared run than its `sources` entry: an
+  AnalysisError before any analysis runs (those results would be lost)."""
+  for a, src in sources.items():
     path = os.path.join(out, f"{a}.json")
     if not os.path.isfile(path):
       continue
@@ -523,7 +508,7 @@ def _check_not_replacing(analyses, run, o, out) -> None:
         old = json.load(f).get("source") or {}
     except (OSError, ValueError, AttributeError):
       continue  # not one of ours, or damaged: nothing to keep
-    was, now = _identity(old), _identity(_source(a, run, o))
+    was, now = _identity(old), _identity(src)
     differ = [f"{k} {was[k]!r} -> {now[k]!r}" for k in now
               if was[k] != now[k]]
     if differ:
@@ -557,9 +542,10 @@ def run_analyses(run, analyses, out: str | None = None,
   analyses = analysis_names(analyses)
   o = options or Options(**kwargs)
   prepared = check(run, analyses, o, given)
-  out = output_dir(run, out if out else default_out(run))
-  _check_not_replacing(analyses, run, o, out)
-  return {a: ANALYSES[a].fn(run, out, o, _source(a, run, o), prepared[a])
+  out = output_dir(run, out)
+  sources = {a: _source(a, run, o) for a in analyses}
+  _check_not_replacing(sources, out)
+  return {a: ANALYSES[a].fn(run, out, o, sources[a], prepared[a])
           for a in analyses}
 
 

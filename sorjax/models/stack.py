@@ -108,11 +108,6 @@ class RecurrentTrunk(nn.Module):
     # Hashable attributes: the module can be a static argument of jax.jit.
     object.__setattr__(self, "embedding_table",
                        constant(self.embedding_table))
-    if self.hidden_dropout > 0 and len(self.cells) == 1:
-      raise self._error(
-          f"hidden_dropout={self.hidden_dropout} drops the outputs between "
-          "layers, and this stack has one layer (input_dropout and "
-          "output_dropout act around it)")
     if not isinstance(self.locked_dropout, bool):
       object.__setattr__(self, "locked_dropout", tuple(self.locked_dropout))
     self._validate()

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from sorjax.analysis import runner, traces
-from sorjax.analysis.common import AnalysisError, jsonable, write_json
+from sorjax.analysis.common import (AnalysisError, default_out, jsonable,
+                                    write_json)
 from tests.analysis.test_minimal_pairs import _BigramRun, _write
 
 
@@ -205,11 +206,11 @@ def test_the_default_out_is_named_for_the_checkpoint_and_replica():
   def run(checkpoint, replica=0, step=300):
     return types.SimpleNamespace(workdir="/w", checkpoint=checkpoint,
                                  replica=replica, step=step)
-  assert runner.default_out(run("best")) == "/w/analysis"
-  assert runner.default_out(run("latest")) == "/w/analysis/latest"
-  assert runner.default_out(run(None)) == "/w/analysis/step_300"
-  assert runner.default_out(run("best", 2)) == "/w/analysis/replica_2"
-  assert runner.default_out(run("latest", 1)) == (
+  assert default_out(run("best")) == "/w/analysis"
+  assert default_out(run("latest")) == "/w/analysis/latest"
+  assert default_out(run(None)) == "/w/analysis/step_300"
+  assert default_out(run("best", 2)) == "/w/analysis/replica_2"
+  assert default_out(run("latest", 1)) == (
       "/w/analysis/latest-replica_1")
 
 
