@@ -8,6 +8,10 @@ from sorjax.training.tasks.common import model_config
 
 
 def dyck_data(**kw) -> ml_collections.ConfigDict:
+  """With a `preset`, the split counts default to None: the preset's own
+  (a count given replaces the preset's)."""
+  if kw.get("preset"):
+    kw = {**dict(num_train=None, num_dev=None, num_test=None), **kw}
   d = ml_collections.ConfigDict(dict(
       k=2, m=4, preset=None, num_train=10_000, num_dev=4_000,
       num_test=10_000, scale=1.0, max_length=None, seed=0, batch_size=10,

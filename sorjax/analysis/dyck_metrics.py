@@ -24,7 +24,8 @@ def close_correct(probs: np.ndarray, target: np.ndarray, k: int,
     raise ValueError(f"targets must be closing-bracket ids in [{k}, {2 * k})")
   p_true = np.take_along_axis(probs, target[..., None], -1)[..., 0]
   p_any = probs[..., k:2 * k].sum(-1)
-  return p_true >= threshold * p_any
+  # no mass on any close is no prediction: wrong (0 >= 0.8 * 0 was right)
+  return (p_true >= threshold * p_any) & (p_any > 0)
 
 
 def ldpa(probs: np.ndarray, tokens: np.ndarray, distances: np.ndarray,

@@ -39,7 +39,7 @@ from typing import Iterable, NamedTuple, Sequence
 
 import numpy as np
 
-from sorjax.data.checks import check_int, check_scale
+from sorjax.data.checks import check_fits, check_int, check_scale
 
 SPLITS = ("train", "dev", "test")
 _BRACKETS = (("(", ")"), ("[", "]"), ("{", "}"), ("<", ">"))
@@ -237,6 +237,8 @@ class DyckKM:
     if max_length is None:
       max_length = self.max_train_length
     check_length_bounds(owner, min_length, max_length)
+    # each sample an array of >= min_length + 2 int32s (~120 bytes apart)
+    check_fits(owner, "num", num, 120 + 4 * (min_length + 2))
     rng = np.random.default_rng(check_seed(owner, seed))
     out: list[np.ndarray] = []
     while len(out) < num:

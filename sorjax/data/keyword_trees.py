@@ -35,7 +35,7 @@ from typing import Iterable, NamedTuple, Sequence, Union
 import numpy as np
 
 from sorjax import checks
-from sorjax.data.checks import check_int, check_scale
+from sorjax.data.checks import check_fits, check_int, check_scale
 
 VOCAB_SIZE = 10_000
 NUM_KEYWORDS = 1_000
@@ -179,6 +179,7 @@ def sample(num: int, min_length: int, max_length: int, seed: int = 0,
   `depths` (exactly the filtered pool of Experiment 2)."""
   owner = "keyword_trees.sample"
   num = check_int(owner, "num", num, 0)
+  check_fits(owner, "num", num, 200)      # a tree and its token array each
   check_int(owner, "min_length", min_length, 1)
   check_int(owner, "max_length", max_length, 1)
   seed = check_int(owner, "seed", seed, 0)
@@ -258,9 +259,14 @@ def length_experiment(i: int, seed: int = 0, scale: float = 1.0
 def depth_experiment(i: int, seed: int = 0, scale: float = 1.0,
                      min_length: int = 21, max_length: int = 30
                      ) -> dict[str, list[KeywordExample]]:
-  """Experiment 2, dataset i: keyword depth i or i+1, lengths 21..30."""
+  """Experiment 2, dataset i in 1..10: keyword depth i or i+1, lengths
+  21..30 (deeper keywords are too rare for rejection sampling: depth 25
+  finds none in 10^5 trees)."""
   owner = "depth_experiment"
   i = check_int(owner, "i", i, 1)
+  if i > 10:
+    raise ValueError(f"{owner}: i must be in 1..10 (the paper's datasets), "
+                     f"got {i}")
   sizes = _sizes(owner, scale)
   return _split(sample(sum(s for _, s in sizes), min_length, max_length,
                        seed, depths=(i, i + 1)), sizes)

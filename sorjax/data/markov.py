@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from sorjax.data.checks import check_bool, check_int
+from sorjax.data.checks import check_bool, check_fits, check_int
 
 _MAX_TABLE = 2 ** 24        # bigram_successors' tables are indexed by id
 
@@ -90,6 +90,8 @@ def markov_corpus(tokens, seed: int = 0, length: int | None = None,
   offsets, successors = bigram_successors(dense.reshape(-1), wrap)
   n = x.size if length is None else check_int("markov_corpus", "length",
                                               length, 1)
+  # the draws (float64), the list of picks and the output
+  check_fits("markov_corpus", "length", n, 16 + x.dtype.itemsize)
   rng = np.random.default_rng(seed)
   u = rng.random(n)
   starts = np.repeat(np.arange(offsets.size - 1), np.diff(offsets))

@@ -39,7 +39,7 @@ from typing import Iterable
 import numpy as np
 
 from sorjax import checks
-from sorjax.data.checks import check_bool, check_int
+from sorjax.data.checks import check_bool, check_fits, check_int
 from sorjax.data.dyck import (SplitSpec, _symbols, bracket_pairs, check_ids,
                               check_length_bounds, check_seed,
                               preset_and_seeds)
@@ -132,6 +132,7 @@ class DyckPCFG:
     owner = f"{self}.sample"
     num = check_int(owner, "num", num, 0)
     check_length_bounds(owner, min_length, max_length)
+    check_fits(owner, "num", num, 120 + 4 * min_length)   # arrays of int32
     check_bool(owner, "unique", unique)
     rng = np.random.default_rng(check_seed(owner, seed))
     seen: set[tuple[int, ...]] = set()

@@ -1,7 +1,10 @@
+import types
+
 import numpy as np
 import pytest
 
 from sorjax.analysis import dyck_metrics as dm
+from sorjax.training.tasks.dyck import DyckLM
 
 K = 2  # ids: ( [ ) ] START END -> 0 1 2 3 4 5
 
@@ -18,6 +21,31 @@ def test_eighty_percent_rule_on_hand_set_probabilities():
     dm.close_correct(p, np.array([0, 2, 2, 2]), K)
   with pytest.raises(ValueError, match="closing-bracket ids"):  # START
     dm.close_correct(p, np.array([2, 2, 2, 2 * K]), K)
+
+
+def test_no_mass_on_any_close_is_wrong():
+  # 0 >= 0.8 * 0 had scored it correct (QA, session 41)
+  p = np.zeros((2, 6))
+  p[0, 0], p[1, [0, 2]] = 1.0, [1.0 - 1e-30, 1e-30]
+  assert dm.close_correct(p, np.array([2, 2]), K).tolist() == [False, True]
+
+
+def test_dyck_lm_close_probs_keep_the_ratio_of_closes_exp_underflows():
+  """A model sure that no close comes (close log-probs ~ -200, 0 in
+  float32 after exp) still ranks the closes: the 80% rule reads the
+  ratio, which the task renormalises over the closes in log space."""
+  task = types.SimpleNamespace(k=K, lang=types.SimpleNamespace(vocab_size=6))
+  lp = np.full((1, 2, 6), -200.0, np.float32)
+  lp[0, :, 0] = 0.0                          # all mass on "("
+  lp[0, 0, [2, 3]] = [-200.0, -201.0]        # ")" 0.73 of the closes
+  lp[0, 1, [2, 3]] = [-200.0, -198.0]        # "]" 0.88 of the closes
+  assert not np.exp(lp[..., 2:4]).any()      # what the 80% rule had read
+  probs = DyckLM.close_probs(task, lp)
+  ratio = probs[0, :, 2] / probs[0, :, 2:4].sum(-1)
+  np.testing.assert_allclose(ratio, [1 / (1 + np.exp(-1)),
+                                     1 / (1 + np.exp(2))], rtol=1e-6)
+  assert dm.close_correct(probs[0], np.array([2, 3]), K).tolist() == [
+      False, True]
 
 
 def test_start_and_end_mass_is_not_closing_mass():

@@ -237,6 +237,10 @@ def test_bad_experiment_arguments():
     kt.length_experiment(11)
   with pytest.raises(ValueError, match="i must be an int >= 1"):
     kt.depth_experiment(0)
+  # beyond the paper's 10 datasets depths are too rare to sample: i = 25
+  # searched for minutes before a RuntimeError (QA, session 41)
+  with pytest.raises(ValueError, match=r"i must be in 1..10 \(the paper"):
+    kt.depth_experiment(25)
   with pytest.raises(ValueError, match="scale must be"):
     kt.length_experiment(1, scale=2)
   with pytest.raises(ValueError, match=r"scale must be a finite number in \(0, 1\], "

@@ -25,10 +25,11 @@ from experiments.configs import (demo, le_zuidema_keyword, lin_dyck,
                                  maupome_ablation, maupome_ratio,
                                  renganathan_dyck, renganathan_ptb)
 from sorjax import budget
+from sorjax.data import dyck
 from sorjax.models import LanguageModel
 from sorjax.training.loop import Trainer
 from sorjax.training.metrics import read_metrics
-from sorjax.training.tasks import make_task
+from sorjax.training.tasks import dyck as dyck_task, make_task
 from sorjax.training.tasks.common import ConfigError, build_model, \
     make_cells, trunk_kwargs
 from tests.lowering import assert_lowers_for_accelerators, train_step_args
@@ -649,3 +650,21 @@ def test_the_demo_config_takes_the_optional_fields_too(monkeypatch):
   assert (cfg.train.max_steps, cfg.model.unroll) == (3, 2)
   assert _parse_flags(["main", "--config=experiments/configs/demo.py"]
                       ).model.unroll is None
+
+
+def test_split_counts_beside_a_dyck_preset_replace_its_counts():
+  # they were silently ignored with a preset (QA, session 41)
+  c = lin_dyck.get_config("lstm,m4")
+  assert (c.data.num_train, c.data.num_dev, c.data.num_test) == (
+      None, None, None)                  # the preset's own: 10k / 4k / 10k
+  c.data.num_train, c.data.num_dev, c.data.num_test = 50, 7, 9
+  _, splits = dyck_task._dyck_splits(c.data)
+  preset = dict(dyck.PRESETS["lin_m4"].splits)
+  assert {s: len(v[0]) for s, v in splits.items()} == {
+      "train": 50, "dev": 7, "test": 9}
+  for s, (samples, lo, hi) in splits.items():
+    assert (lo, hi) == (preset[s].min_length, preset[s].max_length)
+    assert all(lo <= len(x) - 2 <= hi for x in samples)   # START .. END
+  c.data.num_dev = 0
+  with pytest.raises(ConfigError, match="data.num_dev"):
+    dyck_task._dyck_splits(c.data)

@@ -33,12 +33,17 @@ from sorjax.training.tasks.common import BATCH_FIELDS, ConfigError, \
 _BUCKET_FIELDS = {"num_buckets": 1, "bucket_multiple": 1}
 
 
+_COUNTS = {"train": "num_train", "dev": "num_dev", "test": "num_test"}
+
+
 def _check_dyck_data(d) -> None:
   """The data fields of the Dyck-(k,m) tasks, before anything is built;
-  max_length >= 2: the train split needs an even length in 1..max_length."""
+  max_length >= 2: the train split needs an even length in 1..max_length.
+  The split counts may be None with a preset (its own counts)."""
+  counts = tuple(_COUNTS.values()) if d.get("preset") else ()
   check_ints(d, {"k": 1, "m": 1, "num_train": 1, "num_dev": 1,
                  "num_test": 1, "max_length": 2, **BATCH_FIELDS,
-                 **_BUCKET_FIELDS}, optional=("max_length",))
+                 **_BUCKET_FIELDS}, optional=("max_length", *counts))
   check_scale(d)
 
 
@@ -55,7 +60,12 @@ def _dyck_splits(d):
       raise ConfigError(f"data.preset={d.preset!r} is Dyck-"
                         f"({preset.language.k},{preset.language.m}) but "
                         f"data.k={d.k}, data.m={d.m}")
-    specs = dict(preset.splits)
+    # a count given beside the preset replaces the preset's (its lengths
+    # stay); data.scale shrinks either
+    specs = {s: spec if d.get(_COUNTS[s]) is None else
+             dyck.SplitSpec(int(d[_COUNTS[s]]), spec.min_length,
+                            spec.max_length)
+             for s, spec in preset.splits}
   else:
     specs = dict(dyck.hewitt_splits(lang, d.num_train, d.num_dev, d.num_test))
   if d.get("max_length") is not None:   # shorter sequences (CPU-scale runs)
@@ -141,8 +151,15 @@ class DyckLM(EpochModelTask):
     return self.lang.oracle_score(seqs, lo, hi)
 
   def close_probs(self, lp):
-    """Next-token probabilities [B, T, V] for the 80% rule."""
-    return np.exp(lp)
+    """Probabilities [B, T, V] for the 80% rule, which reads only their
+    ratios among the closing ids: those renormalised over the closes in
+    log space. (np.exp(lp) underflowed to all-zero closes where a model
+    was sure no close came.)"""
+    close = np.asarray(lp[..., self.k:2 * self.k], np.float64)
+    close = close - close.max(-1, keepdims=True)
+    probs = np.zeros(lp.shape[:2] + (self.lang.vocab_size,))
+    probs[..., self.k:2 * self.k] = np.exp(close)
+    return probs
 
   def ldpa_batch(self, batch, seqs, lp) -> dict[int, tuple[int, int]]:
     """LDPA counts {closing distance: (correct, total)} of one eval batch

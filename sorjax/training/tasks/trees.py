@@ -137,7 +137,7 @@ class TreeTask:
                         f"{d.experiment!r}")
     try:
       splits = exp(d.index, seed=d.seed, scale=d.scale)
-    except ValueError as e:
+    except (ValueError, RuntimeError) as e:   # RuntimeError: too rare
       raise ConfigError(f"data.index={d.index}: {e}") from None
     self.examples = splits
     self.split_trees = {s: [_keyword_tree(ex) for ex in exs]
