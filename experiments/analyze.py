@@ -46,8 +46,9 @@ flags.DEFINE_string("category_field", "UID", "minimal_pairs: the JSONL "
                     "field naming a pair's category.")
 flags.DEFINE_string("sentence", None, "token_losses: the sentence; "
                     "attention_heatmap: text to show instead of a split.")
-flags.DEFINE_float("temperature", None, "Softmax temperature (default: the "
-                   "run's evaluation temperature).")
+flags.DEFINE_float("temperature", None, "The attention LSTM's softmax "
+                   "temperature tau (default: the run's evaluation "
+                   "temperature); refused for models without one.")
 flags.DEFINE_integer("num_resamples", 10_000, "frequency: bootstrap "
                      "resamples.")
 flags.DEFINE_integer("seed", 0, "frequency: bootstrap seed.")

@@ -60,7 +60,8 @@ def prepare_process(host_malloc: str, whole_small_loops: bool = False,
                     cpu_devices: int = 0) -> None:
   """What both launchers do first: their log without orbax's INFO lines
   (warnings stay), then `--host_malloc` (`sorjax.host_memory.configure`,
-  which may restart the process), logged when it applies, then
+  which may restart the process), logged when it applies and warned
+  about, with the reason, when this machine cannot apply it, then
   `--cpu_devices` (`force_cpu_devices`; 0 leaves XLA's count), checked to
   apply, then `--small_loops` (`sorjax.small_loops.compile_whole`, checked).
 
@@ -73,6 +74,9 @@ def prepare_process(host_malloc: str, whole_small_loops: bool = False,
   logging.get_absl_handler().addFilter(_QuietLibraries())
   if host_memory.configure(host_malloc):
     logging.info("host_malloc: %s", host_memory.APPLIED[host_malloc])
+  elif host_malloc != "default":       # asked for, and not possible here
+    logging.warning("--host_malloc=%s is not applied: %s", host_malloc,
+                    host_memory.why_not(host_malloc))
   # Both sets of XLA flags before anything starts JAX's backend (the
   # device count below does): XLA reads XLA_FLAGS once.
   if cpu_devices:

@@ -251,8 +251,9 @@ def solve(build: Callable[..., Any], budget: float, *,
   if Hs == (1,) and n(1) > budget * (1 + tol):
     raise ValueError(
         f"solve: even H=1 has {n(1):,} parameters, over the budget of "
-        f"{budget:,.0f} (+{err(1):.2%}): the parts that do not grow with H "
-        "(embedding, decoder) exceed it")
+        f"{budget:,.0f} (+{err(1):.2%}): the smallest model is larger than "
+        "the budget (its parts that do not grow with H, such as the inputs' "
+        "weights, an embedding or a decoder, alone may exceed it)")
   pairs = [(H, None if ratio is None else m_of(H)) for H in Hs]
   best = min(pairs, key=lambda p: (abs(err(*p)), p[0]))
   if abs(err(*best)) > tol and ratio is not None:

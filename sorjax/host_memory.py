@@ -113,16 +113,75 @@ def kernel_thp(path: str = THP_SETTING) -> str | None:
   return m.group(1) if m else None
 
 
+# glibc.malloc.hugetlb exists from glibc 2.35 on; older ones ignore it.
+HUGETLB_GLIBC = (2, 35)
+
+
+def glibc_version() -> tuple[int, ...] | None:
+  """This process's glibc version, e.g. (2, 36); None if not glibc."""
+  if not on_glibc():
+    return None
+  m = re.match(r"(\d+)\.(\d+)", platform.libc_ver()[1])
+  return (int(m.group(1)), int(m.group(2))) if m else None
+
+
+def why_not(mode: str) -> str | None:
+  """Why `configure(mode)` cannot apply on this machine (None if it can):
+  for the launchers' warning when it returns False."""
+  if mode not in ("reuse", "hugepages"):
+    return None
+  if not on_glibc():
+    return (f"the C library is {platform.libc_ver()[0] or 'unknown'} on "
+            f"{sys.platform}, not glibc (whose malloc settings these are)")
+  if mode == "reuse":
+    return None
+  version = glibc_version()
+  if version is None or version < HUGETLB_GLIBC:
+    return (f"glibc {platform.libc_ver()[1] or '(unknown version)'} predates "
+            f"glibc.malloc.hugetlb (2.35)")
+  thp = kernel_thp()
+  if thp not in ("always", "madvise"):
+    return (f"the kernel's transparent huge pages are "
+            f"{thp or 'unknown'} ({THP_SETTING}; 'madvise' or 'always' "
+            "needed)")
+  return None
+
+
 def huge_pages_possible() -> bool:
-  """Whether `use_huge_pages()` can apply: glibc, and the kernel's
+  """Whether `use_huge_pages()` can apply: glibc >= 2.35, and the kernel's
   transparent huge pages on ("madvise" or "always")."""
-  return on_glibc() and kernel_thp() in ("always", "madvise")
+  return why_not("hugepages") is None
+
+
+def _hugetlb_setting() -> str | None:
+  """The value GLIBC_TUNABLES gives glibc.malloc.hugetlb (its last entry
+  wins), None if it gives none."""
+  value = None
+  for entry in os.environ.get("GLIBC_TUNABLES", "").split(":"):
+    name, _, v = entry.partition("=")
+    if name == "glibc.malloc.hugetlb":
+      value = v
+  return value
 
 
 def huge_pages_active() -> bool:
-  """Whether this process started with `HUGEPAGE_TUNABLES` in GLIBC_TUNABLES
-  (glibc reads it at start-up only)."""
-  return HUGEPAGE_TUNABLES in os.environ.get("GLIBC_TUNABLES", "").split(":")
+  """Whether this process started with glibc.malloc.hugetlb=1 as
+  GLIBC_TUNABLES' last word on it (glibc reads it at start-up only)."""
+  return _hugetlb_setting() == "1"
+
+
+def _cannot_rerun() -> str | None:
+  """Why re-executing this process's command line would not run the same
+  program again (None if it would)."""
+  if "ipykernel" in sys.modules:
+    return "a Jupyter kernel"
+  if hasattr(sys, "ps1") or sys.flags.interactive:
+    return "an interactive interpreter"
+  if not getattr(sys, "orig_argv", None):
+    return "its command line is unknown (no sys.orig_argv)"
+  if sys.argv[0] in ("", "-"):
+    return "its program came from standard input"
+  return None
 
 
 def use_huge_pages() -> bool:
@@ -134,22 +193,36 @@ def use_huge_pages() -> bool:
   kernel's transparent huge pages are off or unknown.
 
   Raises:
-    RuntimeError: the restarted process still lacks the tunable, or the
-      interpreter's command line is unknown.
+    RuntimeError: the restarted process still lacks the tunable; or a
+      restart would lose work or not rerun the program: JAX's backend has
+      started (the program would run again from its start), or the
+      process is a notebook kernel, an interactive interpreter or a
+      program read from standard input.
+    ValueError: GLIBC_TUNABLES already sets glibc.malloc.hugetlb to
+      another value (the user's own setting is not replaced).
   """
   if not huge_pages_possible():
     return False
   if huge_pages_active():
     return True
+  setting = _hugetlb_setting()
+  if setting is not None:
+    raise ValueError(
+        f"use_huge_pages(): GLIBC_TUNABLES already sets glibc.malloc."
+        f"hugetlb={setting} ({os.environ['GLIBC_TUNABLES']!r}); remove it "
+        f"or set {HUGEPAGE_TUNABLES} there instead")
   if os.environ.get(_RESTARTED):
     raise RuntimeError(
         f"use_huge_pages(): restarted with GLIBC_TUNABLES={HUGEPAGE_TUNABLES}"
         f" but the process's environment lacks it")
-  argv = getattr(sys, "orig_argv", None)
-  if not argv:
+  why = ("JAX's backend has started, so the restart would run the program "
+         "again from its start" if backend_started() else _cannot_rerun())
+  if why:
     raise RuntimeError(
-        f"use_huge_pages(): cannot restart this process (no sys.orig_argv); "
-        f"start it with GLIBC_TUNABLES={HUGEPAGE_TUNABLES}")
+        f"use_huge_pages() restarts the process, which cannot be done here: "
+        f"{why}; start it with GLIBC_TUNABLES={HUGEPAGE_TUNABLES} instead "
+        "(or call use_huge_pages() first in a script's main())")
+  argv = sys.orig_argv
   tunables = os.environ.get("GLIBC_TUNABLES")
   env = dict(os.environ, **{_RESTARTED: "1", "GLIBC_TUNABLES": (
       f"{tunables}:{HUGEPAGE_TUNABLES}" if tunables else HUGEPAGE_TUNABLES)})

@@ -92,12 +92,23 @@ class Run:
 
   def log_probs(self, tokens, lengths=None, temperature=None) -> np.ndarray:
     """Next-token log-probabilities [B, T, V] of int tokens [B, T] (or [T],
-    or a string for the run's tokenizer): row t is p(token t+1 | ..t).
-    With `lengths`, a row's steps from its length on are padding: the head
-    of a zero trunk output whatever the tokens there (mask them)."""
+    or a string for the run's tokenizer): row t is p(token t+1 | ..t), so
+    begin a sequence as the run's were: a Dyck run's with START, a
+    document LM's line after <eos>. With `lengths`, a row's steps from its
+    length on are padding: the head of a zero trunk output whatever the
+    tokens there (mask them). `temperature`: the attention LSTM's softmax
+    tau (default `eval_temperature()`); refused for a model without one
+    (it is not a sampling temperature)."""
     if self.task.name not in ("lm", "dyck_lm"):
       raise ValueError(f"log_probs needs a next-token task (lm, dyck_lm); "
                        f"this run is {self.task.name!r}")
+    if temperature is not None and "temperature" not in self.task.aux:
+      check_temperature("log_probs", temperature)
+      raise ValueError(
+          f"log_probs: temperature={temperature!r} is the attention "
+          f"LSTM's softmax tau, which this run's cells "
+          f"({', '.join(type(c).__name__ for c in self.task.cells)}) do not "
+          "have; it is not a sampling temperature (divide the logits)")
     tokens = self._tokens(tokens)
     squeeze = tokens.ndim == 1
     if squeeze:
@@ -121,6 +132,8 @@ class Run:
     except ValueError as e:     # ragged nested lists
       raise ValueError(f"tokens must be a rectangular int array [B, T] or "
                        f"[T] ({e})") from None
+    if tokens.size == 0 and tokens.dtype == np.float64:   # [] is float
+      tokens = tokens.astype(np.int32)
     if tokens.ndim not in (1, 2) or not np.issubdtype(tokens.dtype,
                                                       np.integer):
       raise ValueError(f"tokens must be int [B, T] or [T], got "
@@ -136,7 +149,7 @@ def check_temperature(where: str, value) -> float:
   """`value` as a float; a ValueError naming `where` unless finite and > 0
   (tau = 0 divides by zero, a negative one inverts the distribution)."""
   try:
-    tau = float(value)
+    tau = math.nan if isinstance(value, (str, bytes, bool)) else float(value)
   except (TypeError, ValueError):
     tau = math.nan
   if not (math.isfinite(tau) and tau > 0):
@@ -211,6 +224,28 @@ def _check_sections(path: str, raw: dict) -> None:
                        f"{type(raw[k]).__name__}")
 
 
+def _check_config_matches(workdir: str, step: int, config, meta) -> None:
+  """The model is rebuilt from config.json: an edit that keeps the arrays'
+  shapes (another activation, a misspelt field) would restore the weights
+  into another model. Each checkpoint keeps the config it was trained
+  with; fields a resume may change (loop.RESUMABLE) may differ."""
+  from sorjax.training.loop import config_changes
+  from sorjax.training.tasks import added_fields
+  saved = meta.get("config")
+  if saved is None:          # written before checkpoints held their config
+    return
+  changes = config_changes(saved, config.to_dict(),
+                           added_fields(config.get("task")))
+  if changes:
+    shown = "; ".join(changes[:8]) + (
+        f"; and {len(changes) - 8} more" if len(changes) > 8 else "")
+    raise ValueError(
+        f"{workdir}/config.json differs from the config checkpoint {step} "
+        f"was trained with: {shown} (trained -> config.json). Restoring "
+        "would load its weights into another model; undo the edit (the "
+        "checkpoint's meta keeps its config under 'config')")
+
+
 def restore(workdir: str, step: str | int = "best", replica: int = 0) -> Run:
   """Restores the run in workdir (~ expands): step "best", "latest" or an
   int checkpoint step."""
@@ -229,6 +264,7 @@ def restore(workdir: str, step: str | int = "best", replica: int = 0) -> Run:
     s, state, meta = ckpt.restore(target, step)
   finally:
     ckpt.close()
+  _check_config_matches(workdir, s, config, meta)
   return Run(workdir, s, config, task, state.params, meta,
              checkpoint=step if isinstance(step, str) else None
              ).with_replica(replica)

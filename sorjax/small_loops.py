@@ -66,6 +66,9 @@ _MARK = "xla_cpu_small_call"
 def xla_flags(max_bytes: int = MAX_BYTES) -> str:
   """The XLA_FLAGS words that `compile_whole(max_bytes)` adds."""
   checks.check_int("small_loops.xla_flags: max_bytes", max_bytes, 1)
+  if max_bytes >= 1 << 63:              # XLA reads it as an int64
+    raise ValueError(f"small_loops.xla_flags: max_bytes must be < 2**63, "
+                     f"got {max_bytes}")
   return f"{_EXTRA}={THRESHOLD_KEY}={max_bytes} {_YNN}="
 
 

@@ -17,7 +17,7 @@ def prepend(who: str, words: str, flags: tuple[str, ...]) -> None:
   Raises:
     RuntimeError: JAX's backend has started (XLA has read its flags).
     ValueError: XLA_FLAGS already sets one of `flags` (it would be given
-      twice).
+      twice) to other values; the same `words` again change nothing.
     Both name `who`.
   """
   if host_memory.backend_started():
@@ -26,6 +26,8 @@ def prepend(who: str, words: str, flags: tuple[str, ...]) -> None:
         "computation or jax.devices()): XLA reads XLA_FLAGS once; call it "
         "first in main()")
   current = os.environ.get("XLA_FLAGS", "")
+  if f" {words} " in f" {current} ":   # set so before (a rerun cell)
+    return
   for flag in flags:
     if flag + "=" in current:
       raise ValueError(

@@ -159,3 +159,80 @@ def test_launchers_offer_the_modes(launcher):
                         "--helpfull"], cwd=ROOT, capture_output=True,
                        text=True, timeout=300)
   assert f"--host_malloc: <{'|'.join(host_memory.MODES)}>" in out.stdout
+
+
+# --------------------------------------------- restarts that would lose work
+@pytest.fixture
+def possible(monkeypatch):
+  """Huge pages possible, no tunable set, and no restart may happen."""
+  monkeypatch.setattr(host_memory, "on_glibc", lambda: True)
+  monkeypatch.setattr(host_memory, "glibc_version", lambda: (2, 36))
+  monkeypatch.setattr(host_memory, "kernel_thp", lambda: "madvise")
+  monkeypatch.setattr(host_memory, "backend_started", lambda: False)
+  monkeypatch.delenv("GLIBC_TUNABLES", raising=False)
+  monkeypatch.delenv(host_memory._RESTARTED, raising=False)
+
+  def execve(*args):
+    raise AssertionError(f"os.execve{args} was called")
+  monkeypatch.setattr(host_memory.os, "execve", execve)
+  return monkeypatch
+
+
+@pytest.mark.parametrize("where, how, why", [
+    ("backend", lambda m: m.setattr(host_memory, "backend_started",
+                                    lambda: True),
+     "JAX's backend has started, so the restart would run the program "
+     "again from its start"),
+    ("stdin", lambda m: m.setattr(sys, "argv", ["-"]),
+     "its program came from standard input"),
+    ("repl", lambda m: m.setattr(sys, "ps1", ">>> ", raising=False),
+     "an interactive interpreter"),
+    ("jupyter", lambda m: m.setitem(sys.modules, "ipykernel", sys),
+     "a Jupyter kernel")])
+def test_a_restart_that_would_lose_work_is_refused(possible, where, how, why):
+  # `python - < script` reran an empty stdin and exited 0, a REPL lost its
+  # session, a call after the backend ran the script twice (QA, session 41)
+  how(possible)
+  with pytest.raises(RuntimeError, match=rf"cannot be done here: {why}; "
+                     rf"start it with GLIBC_TUNABLES=glibc.malloc.hugetlb=1"):
+    host_memory.use_huge_pages()
+
+
+@pytest.mark.parametrize("tunables", ["glibc.malloc.hugetlb=0",
+                                      "glibc.malloc.hugetlb=1:"
+                                      "glibc.malloc.hugetlb=0",
+                                      "glibc.malloc.hugetlb=2"])
+def test_the_users_own_hugetlb_setting_is_not_replaced(possible, tunables):
+  # the last entry wins: "=1:=0" had read as active (QA, session 41)
+  possible.setenv("GLIBC_TUNABLES", tunables)
+  assert not host_memory.huge_pages_active()
+  with pytest.raises(ValueError, match=r"GLIBC_TUNABLES already sets glibc"
+                     rf"\.malloc\.hugetlb={tunables[-1]}"):
+    host_memory.use_huge_pages()
+
+
+def test_why_not_names_the_missing_support(monkeypatch):
+  monkeypatch.setattr(host_memory, "kernel_thp", lambda: "never")
+  if host_memory.on_glibc():
+    assert "transparent huge pages are never" in (
+        host_memory.why_not("hugepages") or "glibc.malloc.hugetlb (2.35)")
+    assert host_memory.why_not("reuse") is None
+  monkeypatch.setattr(host_memory.platform, "libc_ver", lambda: ("", ""))
+  for mode in ("reuse", "hugepages"):
+    assert "not glibc" in host_memory.why_not(mode)
+  monkeypatch.setattr(host_memory.platform, "libc_ver",
+                      lambda: ("glibc", "2.31"))
+  monkeypatch.setattr(host_memory, "on_glibc", lambda: True)
+  assert host_memory.why_not("hugepages") == (
+      "glibc 2.31 predates glibc.malloc.hugetlb (2.35)")
+
+
+def test_the_launcher_warns_when_a_mode_cannot_apply(monkeypatch):
+  from absl import logging
+  from experiments import train
+  monkeypatch.setattr(host_memory, "configure", lambda mode: False)
+  monkeypatch.setattr(host_memory, "why_not", lambda mode: "a reason")
+  said = []
+  monkeypatch.setattr(logging, "warning", lambda *a: said.append(a[0] % a[1:]))
+  train.prepare_process("hugepages")
+  assert said == ["--host_malloc=hugepages is not applied: a reason"]

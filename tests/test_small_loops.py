@@ -136,6 +136,24 @@ def test_flags_go_before_what_xla_flags_holds(monkeypatch):
       "--xla_cpu_multi_thread_eigen=false intra_op_parallelism_threads=1")
 
 
+def test_a_second_call_with_the_same_flags_changes_nothing(monkeypatch):
+  # a rerun notebook cell was refused as if XLA_FLAGS had set them itself;
+  # other values are still refused (QA, session 41)
+  monkeypatch.setattr(host_memory, "backend_started", lambda: False)
+  monkeypatch.setenv("XLA_FLAGS", "--xla_cpu_multi_thread_eigen=false")
+  small_loops.compile_whole(4096)
+  once = os.environ["XLA_FLAGS"]
+  small_loops.compile_whole(4096)
+  assert os.environ["XLA_FLAGS"] == once
+  with pytest.raises(ValueError, match="XLA_FLAGS already sets"):
+    small_loops.compile_whole(8192)
+
+
+def test_a_threshold_xla_cannot_read_is_refused():
+  with pytest.raises(ValueError, match=r"max_bytes must be < 2\*\*63"):
+    small_loops.xla_flags(2**63)
+
+
 def test_checked_names_the_caller_when_xla_ignores_the_flags(monkeypatch):
   monkeypatch.setattr(host_memory, "backend_started", lambda: False)
   monkeypatch.setattr(small_loops, "compiled_whole", lambda: False)

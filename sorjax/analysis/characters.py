@@ -137,7 +137,7 @@ def prediction_examples(run, split: str | None = None, num: int = 3,
   for s, e, cut in example_lines(run, split, num, min_length, max_length):
     line = ids[s:e]
     tokens = np.concatenate([[vocab.eos_id], line]).astype(np.int32)
-    lp = run.log_probs(tokens, temperature=temperature(run, tau))[:-1]
+    lp = run.log_probs(tokens, temperature=tau)[:-1]   # None: the run's
     pred = lp.argmax(-1)
     nll = -lp[np.arange(line.size), line]
     out.append({"text": "".join(_display(c) for c in vocab.decode(line)),

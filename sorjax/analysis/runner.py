@@ -393,6 +393,21 @@ def _check_limits(analyses, run, given) -> None:
                           "stream by tokens: give --max_tokens")
 
 
+def _check_tau_read(run, o: Options, given) -> None:
+  """--temperature is the attention softmax's tau: refused (not ignored)
+  when neither run's model has one."""
+  runs = [r for r in (run, o.compare) if r is not None]
+  if "temperature" in given and all(hasattr(r.task, "aux") for r in runs
+                                    ) and not any(
+      "temperature" in r.task.aux for r in runs):
+    cells = sorted({type(c).__name__ for r in runs
+                    for c in getattr(r.task, "cells", ())})
+    raise AnalysisError(
+        f"--temperature is the attention LSTM's softmax tau; this run's "
+        f"cells ({', '.join(cells) or 'none'}) have none (it is not a "
+        "sampling temperature)")
+
+
 def _given(o: Options) -> list[str]:
   """The inputs set to other than their defaults (`progress` is how to
   report, read by whichever analyses are long, not an input)."""
@@ -453,6 +468,7 @@ def check(run, analyses, o: Options, given=None) -> dict:
   _check_values(o)
   _check_given(analyses, given)
   _check_limits(analyses, run, given)
+  _check_tau_read(run, o, given)
   _check_compare(analyses, run, o.compare)
   prepared = {}
   for a in analyses:

@@ -14,6 +14,7 @@ mixes with latest-N in ways that are hard to read).
 
 from __future__ import annotations
 
+import logging
 import os
 from typing import Any
 
@@ -36,10 +37,27 @@ def _entries(tree: Any) -> dict[str, tuple | None]:
           for path, leaf in jax.tree_util.tree_flatten_with_path(tree)[0]}
 
 
+class _ReadOnlyNotice(logging.Filter):
+  """Drops orbax's warning that a read-only manager's folder is read only
+  (what was asked for): three per restore in a notebook's output."""
+
+  def filter(self, record):
+    return not record.getMessage().startswith("Given directory is read only")
+
+
 def _manager(path: str, keep: int, read_only: bool = False):
-  return ocp.CheckpointManager(
-      path, options=ocp.CheckpointManagerOptions(
-          max_to_keep=keep, create=not read_only, read_only=read_only))
+  if not read_only:
+    return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
+        max_to_keep=keep, create=True))
+  # what orbax sets (and warns about) for read_only, set here
+  options = ocp.CheckpointManagerOptions(
+      max_to_keep=None, save_interval_steps=0, create=False, read_only=True)
+  quiet, log = _ReadOnlyNotice(), logging.getLogger("absl")
+  log.addFilter(quiet)
+  try:
+    return ocp.CheckpointManager(path, options=options)
+  finally:
+    log.removeFilter(quiet)
 
 
 class Checkpointer:

@@ -209,3 +209,14 @@ def test_eval_temperature_is_the_loops_evaluation(run, temperature, step,
   config.temperature.update(temperature)
   r = dataclasses.replace(run, config=config, step=step, meta=meta)
   assert r.eval_temperature() == pytest.approx(want, rel=1e-6)
+
+
+def test_log_probs_refuse_a_temperature_the_model_does_not_read(run):
+  # tiny_dyck's cell has no attention softmax: a "sampling temperature"
+  # changed nothing (QA, session 41)
+  with pytest.raises(ValueError, match=r"temperature=0.5 is the attention "
+                     r"LSTM's softmax tau, which this run's cells"):
+    run.log_probs(np.zeros((1, 3), np.int32), temperature=0.5)
+  with pytest.raises(ValueError, match="finite number > 0, got '0.5'"):
+    run.log_probs(np.zeros((1, 3), np.int32), temperature="0.5")
+  assert run.log_probs([]).shape == (0, run.task.model.vocab_size)

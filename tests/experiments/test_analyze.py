@@ -162,6 +162,34 @@ def test_wrong_run_types_are_clear_errors(dyck_run, tmp_path):
       runner.run_analyses(run, [name], str(tmp_path), pairs=())
 
 
+def test_a_config_json_edited_after_training_is_refused(dyck_run, tmp_path):
+  """restore rebuilds the model from config.json: an edit that keeps the
+  arrays' shapes loaded the weights into another model silently (QA,
+  session 41). Fields a resume may change may differ."""
+  import shutil
+  copy = str(tmp_path / "run")
+  shutil.copytree(dyck_run, copy)
+  path = os.path.join(copy, "config.json")
+  with open(path) as f:
+    original = json.load(f)
+
+  def restore_with(edit):
+    cfg = json.loads(json.dumps(original))
+    edit(cfg)
+    with open(path, "w") as f:
+      json.dump(cfg, f)
+    return sorjax.restore(copy)
+
+  with pytest.raises(ValueError, match=r"config.json differs from the config "
+                     r"checkpoint \d+ was trained with: model.embedding_"
+                     r"dropout: 0.0 -> 0.5; model.hiden_size: '\(absent\)' "
+                     r"-> 4 \(trained -> config.json\)"):
+    restore_with(lambda c: c["model"].update(embedding_dropout=0.5,
+                                             hiden_size=4))
+  run = restore_with(lambda c: c["train"].update(num_epochs=99))
+  assert run.config.train.num_epochs == 99
+
+
 def test_pcfg_and_timescale_analyses(pcfg_run):
   run = sorjax.restore(pcfg_run)
   written = runner.run_analyses(
@@ -300,22 +328,31 @@ def test_compare_gets_the_same_temperature_and_the_source_is_recorded(
     lm_run, tmp_path):
   run = sorjax.restore(lm_run)
   other = run.with_replica(1)
+  # an mts_lstm has no attention softmax: --temperature would be ignored
+  with pytest.raises(AnalysisError, match=r"--temperature is the attention "
+                     r"LSTM's softmax tau; this run's cells \(MTSLSTM\) "
+                     r"have none"):
+    runner.run_analyses(run, "perplexity", str(tmp_path), compare=other,
+                        temperature=2.0)
+  with pytest.raises(ValueError, match="this run's cells \\(MTSLSTM\\) do "
+                     "not have; it is not a sampling temperature"):
+    run.log_probs(np.array([1, 2], np.int32), temperature=2.0)
+  tau = run.eval_temperature()
   written = runner.run_analyses(run, "perplexity,frequency", str(tmp_path),
-                                compare=other, temperature=2.0,
-                                num_resamples=20)
+                                compare=other, num_resamples=20)
   with open(written["perplexity"][0]) as f:
     ppl = json.load(f)
   assert ppl["other"]["cross_entropy"] == pytest.approx(
-      perplexity.perplexity(other, None, 2.0)["cross_entropy"])
+      perplexity.perplexity(other, None, tau)["cross_entropy"])
   assert ppl["source"] == {
       "analysis": "perplexity", "workdir": run.workdir, "step": run.step,
-      "replica": 0, "temperature": 2.0, "split": None,   # its default
+      "replica": 0, "temperature": tau, "split": None,   # its default
       "compare": {"workdir": run.workdir, "step": run.step, "replica": 1,
-                  "temperature": 2.0}}
+                  "temperature": tau}}
   with open(written["frequency"][0]) as f:
     freq = json.load(f)
   assert freq["b"]["all tokens"]["cross_entropy"] == pytest.approx(
-      perplexity.frequency(other, None, 2.0)["bins"]["all tokens"][
+      perplexity.frequency(other, None, tau)["bins"]["all tokens"][
           "cross_entropy"])
   # restore(..., replica=1) is that replica, as with_replica(1) is
   direct = sorjax.restore(lm_run, replica=1)

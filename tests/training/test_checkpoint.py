@@ -100,3 +100,18 @@ def test_a_numpy_int_step_restores(tmp_path):
                      "int, got np.True_"):
     ck.restore(state(0), np.bool_(True))
   ck.close()
+
+
+def test_reading_a_run_logs_no_warnings(tmp_path, caplog):
+  # six orbax warnings that the folders are read only (as asked) came with
+  # every sorjax.restore (QA, session 41)
+  ck = Checkpointer(str(tmp_path))
+  ck.save_best(3, state(3), {"epoch": 1})
+  ck.close()
+  with caplog.at_level("WARNING"):
+    ro = Checkpointer(str(tmp_path), read_only=True)
+    step, _, meta = ro.restore(state(0), "best")
+    ro.close()
+  assert (step, meta["epoch"]) == (3, 1)
+  assert [r.getMessage() for r in caplog.records
+          if r.levelname == "WARNING"] == []
