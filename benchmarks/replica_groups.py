@@ -19,11 +19,15 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import importlib.util
 import itertools
 import os
+import shutil
 import statistics
 import tempfile
 import time
+
+from benchmarks import flags
 
 CONFIGS = ("lin_dyck:lstm,m4", "lin_dyck:lstm,m8", "lin_dyck:attention,m8",
            "mahto_dyck:baseline", "renganathan_dyck:m8")
@@ -61,9 +65,8 @@ class GroupStep:
 
 def time_config(spec: str, replicas: int, groups, rounds: int,
                 min_s: float) -> str:
-  """One line: the step's median time at each group size."""
-  import numpy as np
-  from benchmarks.small_model import rounds as timed_rounds
+  """One line: the step's median time at each group size (the trainer's
+  scratch work directory removed after)."""
   from sorjax.training.loop import Trainer
   from sorjax.training.tasks import make_task
   name, _, string = spec.partition(":")
@@ -72,7 +75,18 @@ def time_config(spec: str, replicas: int, groups, rounds: int,
   cfg.num_replicas = replicas
   cfg.train.tensorboard = False
   task = make_task(cfg)
-  trainer = Trainer(task, cfg, tempfile.mkdtemp(prefix="sorjax-groups-"))
+  scratch = tempfile.mkdtemp(prefix="sorjax-groups-")
+  try:
+    trainer = Trainer(task, cfg, scratch)
+    return _time_trainer(spec, trainer, task, replicas, groups, rounds,
+                         min_s)
+  finally:
+    shutil.rmtree(scratch, ignore_errors=True)
+
+
+def _time_trainer(spec, trainer, task, replicas, groups, rounds, min_s):
+  import numpy as np
+  from benchmarks.small_model import rounds as timed_rounds
   rule = trainer.replica_batch
   state = trainer._place_state(trainer.init_state())
   batch = longest_batch(task)
@@ -89,26 +103,36 @@ def time_config(spec: str, replicas: int, groups, rounds: int,
 
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-  ap.add_argument("configs", nargs="*", default=list(CONFIGS))
-  ap.add_argument("--replicas", type=int, default=20)
-  ap.add_argument("--groups", default="1,2,4,10,20")
-  ap.add_argument("--rounds", type=int, default=3)
-  ap.add_argument("--min-seconds", type=float, default=1.0)
-  ap.add_argument("--cpu-devices", type=int, default=None,
+  ap.add_argument("configs", nargs="*", default=list(CONFIGS),
+                  help="experiment configs as module[:string] of "
+                  "experiments/configs (default: " + " ".join(CONFIGS) + ")")
+  ap.add_argument("--replicas", type=flags.at_least(1), default=20)
+  ap.add_argument("--groups", default="1,2,4,10,20",
+                  help="replicas vmapped at a time, each in 1..--replicas")
+  ap.add_argument("--rounds", type=flags.at_least(1), default=3)
+  ap.add_argument("--min-seconds", default=1.0,
+                  type=flags.number(">= 0", lambda v: v >= 0))
+  ap.add_argument("--cpu-devices", type=flags.at_least(1), default=None,
                   help="force this many CPU devices (the replicas sharded "
                   "over them when they divide evenly)")
   args = ap.parse_args(argv)
   try:
     groups = [int(v) for v in args.groups.split(",")]
-    assert groups and min(groups) >= 1
-  except (ValueError, AssertionError):
-    ap.error(f"--groups: want positive ints joined by ',', got "
-             f"{args.groups!r}")
-  if args.replicas < 1:
-    ap.error(f"--replicas: want an int >= 1, got {args.replicas}")
+  except ValueError:
+    groups = []
+  if not groups or min(groups) < 1 or max(groups) > args.replicas:
+    ap.error(f"--groups: want ints in 1..--replicas ({args.replicas}) "
+             f"joined by ',', got {args.groups!r}")
+  for spec in args.configs:   # every config found before any compiles
+    name = spec.partition(":")[0]
+    if importlib.util.find_spec(f"experiments.configs.{name}") is None:
+      ap.error(f"config {spec!r}: no module experiments/configs/{name}.py")
   if args.cpu_devices is not None:
     from experiments.train import force_cpu_devices
-    force_cpu_devices(args.cpu_devices)
+    try:
+      force_cpu_devices(args.cpu_devices)
+    except (ValueError, RuntimeError) as e:
+      ap.error(f"--cpu-devices: {e}")
   import jax
   print(f"# Replicas vmapped in groups: {time.strftime('%Y-%m-%d %H:%M')} "
         f"UTC, {args.replicas} replicas, {jax.device_count()} device(s), "

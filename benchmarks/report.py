@@ -211,7 +211,11 @@ def placement_text(groups: Iterable["Group"], error: str | None) -> str:
       f"cache (~26 ns) or on two (~170 ns). Timed rounds: "
       f"{kinds['near']} near, {kinds['apart']} apart, {kinds['moved']} "
       f"moved"
-      + ("" if error is None else f"; probing stopped: {error}"))
+      + ("" if error is None else f"; probing stopped: {error}")
+      + ("" if floor <= placement.SHARED_L3_NS else
+         f". **No reading came near {placement.SHARED_L3_NS:g} ns** (cores "
+         f"on one L3 cache): the whole run may have sat apart, and *near* "
+         f"means here only as near as this run got"))
   if not rows:
     return text + "."
   return text + (". Contenders timed both near and apart (median "

@@ -171,7 +171,13 @@ def parse_args(argv=None):
   ap.add_argument("--json", default=None,
                   help="raw measurements as JSON (default none; '-' for "
                        "none too)")
+  ap.add_argument("--overwrite", action="store_true",
+                  help="replace an existing --out / --json file (refused "
+                       "otherwise: an earlier run's report)")
   args = ap.parse_args(argv)
+  if args.no_torch and args.torch_threads:
+    ap.error(f"--torch-threads {args.torch_threads}: no torch worker runs "
+             "with --no-torch")
   # every check before anything is made: folders are made when written
   sections = list(dict.fromkeys(  # each once, in the order given
       s.strip() for s in args.sections.split(",") if s.strip()))
@@ -202,6 +208,9 @@ def parse_args(argv=None):
       problem = _unwritable(Path(path))
       if problem:  # found now, not after the first group's minutes
         ap.error(f"{flag} {path}: {problem}")
+      if Path(path).is_file() and not args.overwrite:
+        ap.error(f"{flag} {path}: exists (an earlier run's?); give a new "
+                 "file, or --overwrite to replace it")
       paths[flag] = Path(path).resolve()
   if len(paths) == 2 and paths["--out"] == paths["--json"]:
     ap.error(f"--json {args.json}: the same file as --out {args.out}; "
@@ -264,18 +273,51 @@ def _unwritable(path: Path) -> str | None:
   return None
 
 
+class Stopped(KeyboardInterrupt):
+  """SIGTERM or SIGHUP (a scheduler, `timeout`, a closed terminal), handled
+  as Ctrl-C is: what finished is written, and the report says so."""
+
+  def __init__(self, signum: int):
+    super().__init__(signum)
+    self.signum = signum
+
+
+# What stops a run: each signal's name in the report and its exit status.
+STOP_SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM",
+                signal.SIGHUP: "SIGHUP"}
+
+
+def _stop(signum, frame):
+  raise Stopped(signum)
+
+
+def _how(e: KeyboardInterrupt) -> tuple[str, int]:
+  """(what stopped the run, its exit status 128 + signal)."""
+  signum = getattr(e, "signum", signal.SIGINT)
+  return STOP_SIGNALS[signum], 128 + int(signum)
+
+
 def main(argv=None) -> int:
   args = parse_args(argv)
+  before = {}
+  if threading.current_thread() is threading.main_thread():
+    before = {s: signal.signal(s, _stop) for s in (signal.SIGTERM,
+                                                   signal.SIGHUP)}
   try:
     return run_args(args, argv)
-  except KeyboardInterrupt:  # before the first section: nothing to keep
-    note("interrupted (Ctrl-C) before the first section; nothing written")
-    return 130
+  except KeyboardInterrupt as e:  # before the first section: nothing kept
+    how, code = _how(e)
+    note(f"interrupted ({how}) before the first section; nothing written")
+    return code
+  finally:
+    for s, handler in before.items():
+      signal.signal(s, handler)
 
 
 def run_args(args, argv=None) -> int:
   """The run of parsed `args`: 0, 1 if a contender failed or a report could
-  not be written, 130 if interrupted (what finished is written)."""
+  not be written, 128 + the signal if interrupted (130 for Ctrl-C; what
+  finished is written, nothing if nothing did)."""
   name = "smoke" if args.smoke else "quick" if args.quick else "full"
   profile = PROFILES[name]
   over = {}
@@ -331,7 +373,8 @@ def run_args(args, argv=None) -> int:
     os.environ["SORJAX_BENCH_TORCH_THREADS"] = str(args.torch_threads)
   bench = Bench(args, profile, torch_ok, log, worker_env)
   t0 = time.perf_counter()
-  failed_writes, stopped, current, interrupted = set(), None, None, False
+  failed_writes, stopped, current, interrupted = set(), None, None, None
+  finished = 0
 
   def write(final):
     _write(out, rep, args, bench, load0, t0, final, failed_writes, stopped)
@@ -343,22 +386,26 @@ def run_args(args, argv=None) -> int:
       n0, current = len(bench.groups), s
       RUNNERS[s](bench, rep)
       current = None
+      finished += 1
       write(final=False)
       if failed_writes:  # stop now, not after hours of unwritable results
         stopped = (f"stopped after section {s}: "
                    f"{' and '.join(sorted(failed_writes))} not written")
         break
-  except KeyboardInterrupt:
-    interrupted = True
+  except KeyboardInterrupt as e:
+    interrupted = e
   finally:
     with sigint_ignored():  # a second Ctrl-C must not cut the writing short
-      bench.close(kill=interrupted)
+      bench.close(kill=interrupted is not None)
   with sigint_ignored():
-    if interrupted:
-      stopped = "interrupted (Ctrl-C)" + (f" during section {current}"
-                                          if current else "")
+    if interrupted is not None:
+      stopped = f"interrupted ({_how(interrupted)[0]})" + (
+          f" during section {current}" if current else "")
       if current and len(bench.groups) > n0:
         rep.add(unreported_text(bench.groups, n0, current))
+      if not finished and not bench.groups:   # an earlier file stays
+        note(f"{stopped} before any group finished; nothing written")
+        return _how(interrupted)[1]
     write(final=True)
   if stopped:
     kept = [f"{f} {p}" for f, p in (("--out", out), ("--json", args.json))
@@ -369,20 +416,41 @@ def run_args(args, argv=None) -> int:
   if failed:  # the report lists them too; a script sees the exit status
     note(f"{len(failed)} contender(s) failed (worker log: {log}):\n"
           + "\n".join(failed))
-  return 130 if interrupted else 1 if failed or failed_writes else 0
+  if interrupted is not None:
+    return _how(interrupted)[1]
+  return 1 if failed or failed_writes else 0
 
 
 @contextlib.contextmanager
 def sigint_ignored():
-  """Ctrl-C ignored meanwhile (a handler is the main thread's to set)."""
+  """Ctrl-C, SIGTERM and SIGHUP ignored meanwhile (a handler is the main
+  thread's to set)."""
   if threading.current_thread() is not threading.main_thread():
     yield
     return
-  before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  before = {s: signal.signal(s, signal.SIG_IGN) for s in STOP_SIGNALS}
   try:
     yield
   finally:
-    signal.signal(signal.SIGINT, before)
+    for s, handler in before.items():
+      signal.signal(s, handler)
+
+
+def _replace(path: Path, text: str) -> None:
+  """Writes `text` to `path` whole or not at all: a regular file through a
+  temporary one renamed over it (a run killed while writing leaves the
+  previous version); anything else (a FIFO, /dev/stdout) directly."""
+  if path.exists() and not path.is_file():
+    path.write_text(text)
+    return
+  fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+  try:
+    with os.fdopen(fd, "w") as f:
+      f.write(text)
+    os.replace(tmp, path)
+  except BaseException:
+    Path(tmp).unlink(missing_ok=True)
+    raise
 
 
 def _write(out, rep, args, bench, load0, t0, final, failed, stopped=None):
@@ -407,7 +475,7 @@ def _write(out, rep, args, bench, load0, t0, final, failed, stopped=None):
       continue
     try:
       path.parent.mkdir(parents=True, exist_ok=True)
-      path.write_text(content())
+      _replace(path, content())
     except OSError as e:
       failed.add(flag)
       note(f"{flag} {path}: not written ({e.strerror or e})")

@@ -46,6 +46,7 @@ import argparse
 import inspect
 import os
 import statistics
+import tempfile
 import time
 from pathlib import Path
 
@@ -104,7 +105,8 @@ class TorchLSTM:
     from benchmarks.workers import Worker
     os.environ["SORJAX_BENCH_TORCH_THREADS"] = "1"
     self.w = Worker("benchmarks.torch_worker",
-                    Path(f"/tmp/sorjax-small-model-{os.getpid()}.log"))
+                    Path(tempfile.gettempdir())
+                    / f"sorjax-small-model-{os.getpid()}.log")
     rep = self.w.request(600, cmd="prepare", id="lstm", spec=dict(
         impl="torch_lstm", B=B, T=T, D=D, H=H))
     if not rep.get("ok"):
@@ -505,8 +507,9 @@ def shape_arg(ap, flag, text):
   """--flag's B,T,H: three positive ints, or the parser's error naming it."""
   try:
     shape = tuple(int(v) for v in text.split(","))
-    assert len(shape) == 3 and min(shape) > 0
-  except (ValueError, AssertionError):
+  except ValueError:
+    shape = ()
+  if len(shape) != 3 or min(shape) < 1:
     ap.error(f"{flag}: want three positive ints B,T,H, got {text!r}")
   return shape
 
@@ -548,10 +551,13 @@ def main(argv=None):
   global CLOCK
   CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
   try:
-    args.path_shapes = [tuple(int(v) for v in s.split(","))
-                        for s in args.path_shapes.split(";")]
-    assert all(len(s) == 3 and min(s) > 0 for s in args.path_shapes)
-  except (ValueError, AssertionError):
+    shapes = [tuple(int(v) for v in s.split(","))
+              for s in args.path_shapes.split(";")]
+  except ValueError:
+    shapes = [()]
+  if all(len(s) == 3 and min(s) > 0 for s in shapes):
+    args.path_shapes = shapes
+  else:
     ap.error(f"--path-shapes: want B,T,H triples of positive ints joined by "
              f"';', got {args.path_shapes!r}")
   set_shape(*shape_arg(ap, "--shape", args.shape))

@@ -18,6 +18,7 @@ import argparse
 
 import numpy as np
 
+from benchmarks import flags
 from sorjax.rational_tanh import CLAMP
 
 ITERATIONS = 60
@@ -75,8 +76,10 @@ def float32_errors(p, q, lo: float = -12.0, hi: float = 12.0,
 
 def main(argv=None) -> None:
   ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  ap.add_argument("--m", type=int, default=4, help="degree of P in x^2")
-  ap.add_argument("--n", type=int, default=4, help="degree of Q in x^2")
+  ap.add_argument("--m", type=flags.at_least(0), default=4,
+                  help="degree of P in x^2")
+  ap.add_argument("--n", type=flags.at_least(0), default=4,
+                  help="degree of Q in x^2")
   a = ap.parse_args(argv)
   p, q, rel64 = fit(a.m, a.n)
   fmt = lambda v: "(" + ", ".join(f"{c:.16e}" for c in v) + ")"  # noqa: E731

@@ -43,6 +43,7 @@ import jax
 import jax.numpy as jnp
 
 import sorjax
+from benchmarks import flags
 from benchmarks.small_model import (Case, chosen_sections, ratio, rounds,
                                      shape_arg, table)
 
@@ -271,8 +272,9 @@ def main(argv=None):
   ap = argparse.ArgumentParser(prog="python -m benchmarks.threads",
                                description=__doc__.split("\n")[0])
   ap.add_argument("--sections", default=",".join(SECTIONS))
-  ap.add_argument("--rounds", type=int, default=5)
-  ap.add_argument("--min-seconds", type=float, default=0.3)
+  ap.add_argument("--rounds", type=flags.at_least(1), default=5)
+  ap.add_argument("--min-seconds", default=0.3,
+                  type=flags.number(">= 0", lambda v: v >= 0))
   ap.add_argument("--shape", default="32,100,256", help="B,T,H (D = H)")
   ap.add_argument("--dyck-shape", default="10,200,12",
                   help="B,T,H of the spinners section's second step")
@@ -282,13 +284,14 @@ def main(argv=None):
   args.shape = shape_arg(ap, "--shape", args.shape)
   args.dyck_shape = shape_arg(ap, "--dyck-shape", args.dyck_shape)
   try:
-    args.gaps = [int(k) for k in args.gaps.split(",")]
-    assert args.gaps and min(args.gaps) >= 0
-  except (ValueError, AssertionError):
+    gaps = [int(k) for k in args.gaps.split(",")]
+  except ValueError:
+    gaps = []
+  if gaps and min(gaps) >= 0:
+    args.gaps = gaps
+  else:
     ap.error(f"--gaps: want non-negative ints joined by ',', got "
              f"{args.gaps!r}")
-  if args.rounds < 1:
-    ap.error("--rounds must be >= 1")
   chosen = chosen_sections(ap, args.sections, SECTIONS)
   print(f"# Thread wake-ups: {time.strftime('%Y-%m-%d %H:%M')}, load "
         f"{os.getloadavg()[0]:.2f}, {len(os.sched_getaffinity(0))} cores, "

@@ -17,10 +17,16 @@ Memory (`--memory`, run in a fresh process by the driver, with
 MALLOC_MMAP_THRESHOLD_ set so freed blocks go back to the OS): parameters +
 inputs + the rise of the resident set's high-water mark over one training
 step (Linux VmHWM, reset through /proc/self/clear_refs after a warm-up).
+Blocks below that threshold (the loops' per-step [B, H] tensors, 32 KB at
+B=32 H=256) stay in the heap when freed, so the warm-up's are returned
+with glibc's malloc_trim first: without it the timed step reused them and
+the torch loops read 2-3x under their peak (QA, session 41).
 """
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import json
 import os
 import sys
@@ -220,6 +226,18 @@ def _status(field: str) -> int:
   raise RuntimeError(f"no {field} in /proc/self/status")
 
 
+def _trim_heap() -> None:
+  """Returns the heap's free memory to the OS (glibc's malloc_trim; a
+  no-op elsewhere), so that the measured step cannot reuse the warm-up's
+  freed blocks and hide its own."""
+  try:
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+    trim = libc.malloc_trim
+  except (OSError, AttributeError):
+    return
+  trim(0)
+
+
 def measure_memory(spec: dict) -> dict:
   """Peak bytes of one training step (see the module docstring)."""
   case = make_case(spec)
@@ -227,6 +245,7 @@ def measure_memory(spec: dict) -> dict:
   if case.model is not None:
     for p in case.model.parameters():
       p.grad = None
+  _trim_heap()
   before = _status("VmRSS")
   with open("/proc/self/clear_refs", "w") as f:
     f.write("5")                      # reset VmHWM to the current RSS

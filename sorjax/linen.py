@@ -52,6 +52,7 @@ class CellAdapter(nn.RNNCellBase):
                        f"(initial_carry, precompute, step); got "
                        f"{type(self.cell).__name__} (tree cells run with "
                        "sorjax.trees.run)")
+    base.check_float_dtype("CellAdapter: param_dtype", self.param_dtype)
     # Sorted (name, value) pairs, arrays as hashable Constants: the module
     # stays hashable (a valid static argument of jax.jit).
     if self.aux is not None and not isinstance(self.aux, tuple):
@@ -89,6 +90,13 @@ class CellAdapter(nn.RNNCellBase):
     params = {name: self.param(name, init, name)
               for name in self._abstract_params(D)}
     where = f"CellAdapter({type(self.cell).__name__})"
+    base.check_param_dtypes(where, params)
+    got, want = base.param_dtype(params), jnp.dtype(self.param_dtype)
+    if got != want:   # nn.RNN made the carry from param_dtype
+      raise ValueError(
+          f"{where}: params are {got} but param_dtype is {want} (which "
+          f"initialize_carry makes the carry in): give CellAdapter("
+          f"param_dtype=jnp.{got}) or cast the params to {want}")
     base.check_input_dtype(where, params, x)
     base.check_carry(where, self.cell, params, carry, x.shape[:-1])
     xp = self.cell.precompute(params, x, **self._aux(x.shape[:-1]))

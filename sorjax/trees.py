@@ -643,7 +643,11 @@ def run(cell, params, leaf_inputs: jax.Array, schedule: Schedule, *,
   # `cell.leaf` names leaf inputs of another size.
   base.check_params(f"run: {cells.name_of(cell)}", cell, params,
                     cell.hidden_size)
-  base.check_input_dtype(f"run: {cells.name_of(cell)}", params, leaf_inputs)
+  base.check_input_dtype(f"run: {cells.name_of(cell)}", params, leaf_inputs,
+                         "leaf_inputs")
+  # narrower leaves computed in the params' dtype, as unroll does (node
+  # states scattered into the leaves' dtype were silently truncated)
+  leaf_inputs = leaf_inputs.astype(base.param_dtype(params))
   leaf_mask = jnp.asarray(schedule.leaf_mask)[..., None]
 
   def slots(a):  # [B, L, H] leaf states -> [B * N, H] slots, zero elsewhere

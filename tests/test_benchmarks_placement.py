@@ -155,6 +155,13 @@ def test_placement_text_gives_what_apart_costs_each_contender():
   assert "| 1 | sorjax lstm | 2 / 2 | 100 | 76 | 0.76x |" in text
   assert "| 2 | jax matmul 2^3 | 1 / 1 | 50 | 50 | 1.00x |" in text
   assert "| 1 | jax matmul 2^3 |" not in text   # never apart: not listed
+  assert "No reading came near" not in text
+  # a run whose every reading was apart has no near floor: said so (its
+  # rounds were all called near; QA, session 41)
+  all_apart = _timed([10, 10], [apart, 1.1 * apart])
+  assert ("**No reading came near 60 ns** (cores on one L3 cache): the "
+          "whole run may have sat apart") in report.placement_text(
+              [Group([], [all_apart])], None)
   # stopped probing mid-run: the reason is given
   assert "probing stopped: hop 0 1: exit 3" in report.placement_text(
       [Group([], [sensitive])], "hop 0 1: exit 3")

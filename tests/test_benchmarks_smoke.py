@@ -494,6 +494,59 @@ def test_an_interrupted_run_writes_what_finished_and_exits_130(
   assert "Traceback" not in err
 
 
+def test_an_existing_report_is_replaced_only_when_asked(tmp_path, capsys):
+  # an earlier report was overwritten, even by a run that finished nothing
+  # (QA, session 41)
+  out, raw = tmp_path / "r.md", tmp_path / "r.json"
+  for path in (out, raw):
+    path.write_text("earlier\n")
+  for flag, path in (("--out", out), ("--json", raw)):
+    with pytest.raises(SystemExit) as e:
+      run.parse_args([flag, str(path)])
+    assert e.value.code == 2
+    assert (f"{flag} {path}: exists (an earlier run's?); give a new file, "
+            "or --overwrite") in capsys.readouterr().err
+  args = run.parse_args(["--out", str(out), "--json", str(raw),
+                         "--overwrite"])
+  assert args.overwrite
+  with pytest.raises(SystemExit):
+    run.parse_args(["--no-torch", "--torch-threads", "7"])
+  assert "no torch worker runs with --no-torch" in capsys.readouterr().err
+
+
+def test_a_run_stopped_before_any_group_leaves_an_earlier_report(
+    tmp_path, monkeypatch, capsys):
+  def stopped_at_once(b, rep):
+    raise KeyboardInterrupt
+  monkeypatch.setattr(run, "RUNNERS", {"lstm": stopped_at_once})
+  out = tmp_path / "r.md"
+  out.write_text("earlier\n")
+  assert run.main(["--smoke", "--no-torch", "--sections", "lstm", "--out",
+                   str(out), "--overwrite"]) == 130
+  assert out.read_text() == "earlier\n"
+  assert ("interrupted (Ctrl-C) during section lstm before any group "
+          "finished; nothing written") in capsys.readouterr().err
+  assert [p.name for p in tmp_path.iterdir()] == ["r.md"]   # no temp file
+
+
+def test_sigterm_is_handled_as_ctrl_c(tmp_path, monkeypatch, capsys):
+  # a scheduler's SIGTERM (or `timeout`) left the report marked "partial:
+  # run in progress" for good (QA, session 41)
+  import signal
+
+  def terminated(name):
+    if name == "b":
+      os.kill(os.getpid(), signal.SIGTERM)
+  _fake_sections(monkeypatch, between=terminated)
+  out = tmp_path / "r.md"
+  assert run.main(["--smoke", "--no-torch", "--sections", "lstm,gemm",
+                   "--out", str(out)]) == 128 + signal.SIGTERM
+  text = out.read_text()
+  assert "(partial: run in progress)" not in text
+  assert "**Run interrupted (SIGTERM) during section gemm.**" in text
+  assert signal.getsignal(signal.SIGTERM) is signal.SIG_DFL   # restored
+
+
 def test_a_report_that_cannot_be_written_loses_not_the_other(
     tmp_path, monkeypatch, capsys):
   """--out's folder turns into a file after the first section: the JSON is
@@ -941,6 +994,48 @@ def test_thread_study_rejects_bad_flags(capsys):
     assert f"error: {flag}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, flag", [
+    (["--min-seconds", "nan"], "--min-seconds"),
+    (["--rounds", "0"], "--rounds")])
+def test_thread_study_rejects_bad_numbers(argv, flag, capsys):
+  from benchmarks import threads
+  with pytest.raises(SystemExit) as e:
+    threads.main(argv)
+  assert e.value.code == 2 and f"argument {flag}" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv, msg", [
+    (["--rounds", "0"], "argument --rounds"),
+    (["--min-seconds", "nan"], "argument --min-seconds"),
+    (["--min-seconds", "-5"], "argument --min-seconds"),
+    (["--replicas", "2", "--groups", "1,3"], "--groups: want ints in 1..--"
+     "replicas (2)"),
+    (["--cpu-devices", "0"], "argument --cpu-devices"),
+    (["nosuchconfig"], "config 'nosuchconfig': no module experiments/"
+     "configs/nosuchconfig.py")])
+def test_replica_groups_study_rejects_bad_flags_before_compiling(
+    argv, msg, capsys):
+  # they failed after compiling, as a traceback, or not at all (QA,
+  # session 41)
+  from benchmarks import replica_groups
+  with pytest.raises(SystemExit) as e:
+    replica_groups.main(argv)
+  assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_tanh_fit_and_placement_reject_bad_numbers(capsys):
+  from benchmarks import placement, tanh_fit
+  for main, argv, flag in ((tanh_fit.main, ["--m", "-1"], "--m"),
+                           (placement.main, ["--seconds", "nan"],
+                            "--seconds"),
+                           (placement.main, ["--interval", "inf"],
+                            "--interval")):
+    with pytest.raises(SystemExit) as e:
+      main(argv)
+    assert e.value.code == 2 and f"argument {flag}" in (
+        capsys.readouterr().err)
+
+
 def test_replica_groups_study_runs(capsys):
   """benchmarks.replica_groups times a paper config's training step at
   each group size and marks the loop's default."""
@@ -958,4 +1053,4 @@ def test_replica_groups_study_runs(capsys):
                       r"k=2 \(rule\) [\d.]+ ms \|", row[0]), row[0]
   with pytest.raises(SystemExit):
     replica_groups.main(["--groups", "0,2"])
-  assert "--groups: want positive ints" in capsys.readouterr().err
+  assert "--groups: want ints in 1..--replicas (20)" in capsys.readouterr().err

@@ -713,7 +713,7 @@ def test_run_refuses_other_cells_inputs_and_flags(setup):
   with pytest.raises(ValueError, match="run: leaf_inputs must be floating "
                      "vectors, got int32"):   # states were rounded to ints
     trees.run(cell, params, x.astype(jnp.int32), s)
-  with pytest.raises(ValueError, match="xs are float32 but the params "
+  with pytest.raises(ValueError, match="leaf_inputs are float32 but the params "
                      "bfloat16"):
     trees.run(cell, jax.tree_util.tree_map(
         lambda a: a.astype(jnp.bfloat16), params), x, s)

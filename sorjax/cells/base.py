@@ -84,13 +84,26 @@ def check_init(cell: Cell, key: Any, dtype: Any) -> None:
            f"an array {kind}{list(jnp.shape(key))}")
     raise TypeError(f"{where}: key must be a jax PRNG key "
                     f"(jax.random.key(0)), got {got}")
+  check_float_dtype(f"{where}: dtype", dtype)
+
+
+def check_float_dtype(where: str, dtype: Any) -> Any:
+  """`dtype` as a floating jnp dtype that JAX makes as asked; a TypeError
+  naming `where` otherwise: float64 without jax_enable_x64 would be made
+  float32, with a warning printed once per call site, then silently."""
   try:
     dt = None if dtype is None else jnp.dtype(dtype)
   except TypeError:
     dt = None
   if dt is None or not jnp.issubdtype(dt, jnp.floating):
-    raise TypeError(f"{where}: dtype must be a floating dtype (e.g. "
+    raise TypeError(f"{where} must be a floating dtype (e.g. "
                     f"jnp.float32), got {repr(dtype) if dt is None else dt}")
+  made = jax.dtypes.canonicalize_dtype(dt)
+  if made != dt:
+    raise TypeError(f"{where} is {dt}, which JAX makes as {made} unless "
+                    "64-bit types are on: jax.config.update("
+                    f"'jax_enable_x64', True) first, or ask for {made}")
+  return dt
 
 
 def check_params(where: str, cell: Cell, params: PyTree, input_size: int,
@@ -120,6 +133,25 @@ def check_params(where: str, cell: Cell, params: PyTree, input_size: int,
     raise ValueError(f"{where}: params hold {', '.join(extra)}, which "
                      f"{type(cell).__name__} does not use ({made}: "
                      f"{', '.join(want)})")
+  check_param_dtypes(where, params)
+
+
+def check_param_dtypes(where: str, params: PyTree) -> None:
+  """Every param in one dtype (`cell.init` makes them so): the state's
+  dtype is read from the first, so one of another dtype would change the
+  state's dtype inside the step (a scan's anonymous carry-type error, or a
+  bfloat16 state silently computed in float32)."""
+  leaves = jax.tree_util.tree_flatten_with_path(params)[0]
+  if not leaves:
+    return
+  first = jnp.result_type(leaves[0][1])
+  for k, v in leaves[1:]:
+    if jnp.result_type(v) != first:
+      raise ValueError(
+          f"{where}: params{jax.tree_util.keystr(k)} is "
+          f"{jnp.result_type(v)}, params{jax.tree_util.keystr(leaves[0][0])}"
+          f" {first}: a cell's params share one dtype (cast them all, e.g. "
+          f"jax.tree.map(lambda a: a.astype(jnp.{first}), params))")
 
 
 def check_carry(where: str, cell: Cell, params: PyTree, carry: PyTree,
@@ -156,11 +188,12 @@ def _check_carry_dtypes(where: str, initial: PyTree, carry: PyTree) -> None:
                        jax.tree_util.tree_leaves(carry)):
     got = jnp.result_type(b)
     if got != a.dtype:
+      other = (f" (or init the params in {got})"
+               if jnp.issubdtype(got, jnp.floating) else "")
       raise ValueError(
           f"{where}: carry{jax.tree_util.keystr(k)} is {got}, but "
           f"cell.initial_carry makes it {a.dtype} for these params: the "
-          f"state must stay {a.dtype}; cast the carry (or init the params "
-          f"in {got})")
+          f"state must stay {a.dtype}; cast the carry{other}")
 
 
 def _shapes(tree: PyTree) -> dict[str, tuple]:
@@ -240,17 +273,32 @@ def check_precompute(cell: Cell, params: PyTree, xs: Array) -> None:
   check_input_dtype(where, params, xs)
 
 
-def check_input_dtype(where: str, params: PyTree, xs: Array) -> None:
-  """Trace-time check that xs do not promote the params' dtype: bf16 params
-  with f32 (or complex) inputs would compute the state in the wider dtype
-  and fail as a scan's mismatched carry types, naming neither."""
+def check_input_dtype(where: str, params: PyTree, xs: Array,
+                      name: str = "xs") -> None:
+  """Trace-time check that xs (named `name`) are floating and do not
+  promote the params' dtype: bf16 params with f32 (or complex) inputs
+  would compute the state in the wider dtype and fail as a scan's
+  mismatched carry types, naming neither; integer inputs would be cast
+  silently (token ids 256 and 257 are one bfloat16)."""
+  check_param_dtypes(where, params)
   p = param_dtype(params)
-  if not _keeps_dtype(xs.dtype, p):
+  if not jnp.issubdtype(xs.dtype, jnp.inexact):
+    raise ValueError(
+        f"{where}: {name} are {xs.dtype}; cells read floating vectors "
+        f"(embed token ids first, or cast: {name}.astype(jnp.{p}))")
+  with jax.numpy_dtype_promotion("standard"):
+    wider = jnp.result_type(xs.dtype, p) != p
+  if wider:
     other = (f" or init the params in {xs.dtype}"
              if jnp.issubdtype(xs.dtype, jnp.floating) else "")
     raise ValueError(
-        f"{where}: xs are {xs.dtype} but the params {p}: the state would "
-        f"not stay {p}; cast xs (xs.astype(jnp.{p})){other}")
+        f"{where}: {name} are {xs.dtype} but the params {p}: the state "
+        f"would not stay {p}; cast {name} ({name}.astype(jnp.{p})){other}")
+  if not _keeps_dtype(xs.dtype, p):   # narrower: strict promotion refuses
+    raise ValueError(
+        f"{where}: {name} are {xs.dtype} and the params {p}, a pair that "
+        f"strict dtype promotion (jax_numpy_dtype_promotion='strict') "
+        f"refuses to mix; cast {name} ({name}.astype(jnp.{p}))")
 
 
 def _keeps_dtype(dtype, p) -> bool:
@@ -369,6 +417,7 @@ def check_step(cell: Cell, carry: PyTree, xp: PyTree, step: Callable,
     d, dtype = 1, jnp.result_type(leaves[0]) if leaves else jnp.float32
   else:
     d, dtype = _step_input_size(where, cell, params), param_dtype(params)
+    check_param_dtypes(where, params)
     if not jnp.issubdtype(dtype, jnp.floating):
       raise ValueError(f"{where}: params must be floating (cell.init(key, "
                        f"input_size, dtype)), got {dtype}")
@@ -391,6 +440,13 @@ def check_step(cell: Cell, carry: PyTree, xp: PyTree, step: Callable,
     raise ValueError(f"{must}: the carry ({show(want)}) became ({show(got)}) "
                      f"with xp ({show(_shapes(xp))})")
   _check_step_input(where, must, terms, xp, dtype, of, shapes=True)
+  for (k, a), b in zip(jax.tree_util.tree_flatten_with_path(carry)[0],
+                       jax.tree_util.tree_leaves(out[0])):
+    if jnp.result_type(a) != jnp.result_type(b):
+      raise ValueError(
+          f"{where}: carry{jax.tree_util.keystr(k)} went in "
+          f"{jnp.result_type(a)} and came out {jnp.result_type(b)}: params "
+          "and xp must be in the state's dtype")
   return out
 
 

@@ -128,6 +128,8 @@ class RecurrentTrunk(nn.Module):
             f"initial_carry, precompute, step): {cell!r}")
     base.check_positive_int(type(self).__name__, "vocab_size",
                             self.vocab_size)
+    base.check_float_dtype(f"{type(self).__name__}: param_dtype",
+                           self.param_dtype)
     if self.embedding not in EMBEDDINGS:
       raise self._error(
           f"embedding must be one of {EMBEDDINGS}, got {self.embedding!r}")

@@ -66,6 +66,7 @@ class TreeClassifier(nn.Module):
                        f"{self.cell!r}")
     base.check_choice(name, "embed_init", self.embed_init, EMBED_INITS)
     base.check_bool(name, "remat", self.remat)
+    base.check_float_dtype(f"{name}: param_dtype", self.param_dtype)
     super().__post_init__()
 
   @nn.compact
