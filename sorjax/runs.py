@@ -229,7 +229,7 @@ def _check_config_matches(workdir: str, step: int, config, meta) -> None:
   shapes (another activation, a misspelt field) would restore the weights
   into another model. Each checkpoint keeps the config it was trained
   with; fields a resume may change (loop.RESUMABLE) may differ."""
-  from sorjax.training.loop import config_changes
+  from sorjax.training.loop import config_changes, shown_changes
   from sorjax.training.tasks import added_fields
   saved = meta.get("config")
   if saved is None:          # written before checkpoints held their config
@@ -237,11 +237,10 @@ def _check_config_matches(workdir: str, step: int, config, meta) -> None:
   changes = config_changes(saved, config.to_dict(),
                            added_fields(config.get("task")))
   if changes:
-    shown = "; ".join(changes[:8]) + (
-        f"; and {len(changes) - 8} more" if len(changes) > 8 else "")
     raise ValueError(
         f"{workdir}/config.json differs from the config checkpoint {step} "
-        f"was trained with: {shown} (trained -> config.json). Restoring "
+        f"was trained with: {shown_changes(changes)} (trained -> "
+        "config.json). Restoring "
         "would load its weights into another model; undo the edit (the "
         "checkpoint's meta keeps its config under 'config')")
 

@@ -109,6 +109,12 @@ def config_changes(saved: dict, given: dict,
   return out
 
 
+def shown_changes(changes: list[str], most: int = 8) -> str:
+  """`config_changes`' first `most` entries for an error message."""
+  return "; ".join(changes[:most]) + (
+      f"; and {len(changes) - most} more" if len(changes) > most else "")
+
+
 def check_resumable(workdir: str, config, ckpt: Checkpointer) -> None:
   """Refuses to resume the checkpoints in `workdir` with a config that
   differs from the one they were trained with (its config.json, or the
@@ -135,8 +141,7 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer) -> None:
                            added_fields(config.get("task")))
   _check_not_shortened(workdir, config, ckpt)
   if changes:
-    shown = "; ".join(changes[:8]) + (
-        f"; and {len(changes) - 8} more" if len(changes) > 8 else "")
+    shown = shown_changes(changes)
     raise ConfigError(
         f"{workdir} holds checkpoints trained with another config ({path}): "
         f"{shown} (saved -> given). Resuming would continue those weights "
