@@ -33,7 +33,9 @@ def get_config(config_string: str = "baseline"):
                        eval_batch_size=100),
       cell="mts_lstm" if mts else "lstm", hidden_size=256,
       embedding="one_hot",
-      timescales=("inverse_gamma", ALPHA) if mts else None)
+      timescales=("inverse_gamma", ALPHA) if mts else None,
+      bias_init="uniform")    # 3.1.2: "initialized using a uniform
+                              # distribution"
   c.num_replicas = 20
   c.optim.name = "adam"
   c.optim.learning_rate = 1e-4

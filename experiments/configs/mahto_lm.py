@@ -50,16 +50,20 @@ CORPORA["markov_ptb"] = CORPORA["ptb"]  # the paper trains "the same model"
 
 
 def layers(model: str, sizes=SIZES) -> tuple:
-  """config.model.layers of the baseline or the multi-timescale LM."""
+  """config.model.layers of the baseline or the multi-timescale LM; every
+  bias but eq. 5's starts uniform (3.1.1: "All weights and biases of the
+  LSTM layers ... uniformly initialized")."""
   h1, h2, h3 = sizes
+  u = {"bias_init": "uniform"}
   if model == "baseline":
-    return tuple({"cell": "lstm", "hidden_size": h} for h in sizes)
+    return tuple({"cell": "lstm", "hidden_size": h, **u} for h in sizes)
   layer1 = ("groups", (("constant", 3.0, h1 // 2),
                        ("constant", 4.0, h1 - h1 // 2)))
-  return ({"cell": "mts_lstm", "hidden_size": h1, "timescales": layer1},
+  return ({"cell": "mts_lstm", "hidden_size": h1, "timescales": layer1,
+           **u},
           {"cell": "mts_lstm", "hidden_size": h2,
-           "timescales": ("inverse_gamma", LAYER2_ALPHA)},
-          {"cell": "lstm", "hidden_size": h3})
+           "timescales": ("inverse_gamma", LAYER2_ALPHA), **u},
+          {"cell": "lstm", "hidden_size": h3, **u})
 
 
 def _sizes(o: _options.Options, value: str | None) -> tuple[int, int, int]:

@@ -344,6 +344,20 @@ def zeros(shape: tuple[int, ...], dtype: Any = jnp.float32) -> Array:
   return jnp.zeros(shape, dtype)
 
 
+# An LSTM's bias: zeros, or U(-1/sqrt(H), 1/sqrt(H)) as its weights (Mahto
+# et al. 3.1.1: "All weights and biases ... uniformly initialized").
+BIAS_INITS = ("zeros", "uniform")
+
+
+def lstm_bias(key: Array, bias_init: str, shape: tuple[int, ...],
+              hidden_size: int, dtype: Any) -> Array:
+  """A bias of `shape` by `bias_init` (one of BIAS_INITS). The key is
+  folded, not split, so the weights drawn beside it stay as with zeros."""
+  if bias_init == "zeros":
+    return zeros(shape, dtype)
+  return uniform(jax.random.fold_in(key, 2), shape, hidden_size, dtype)
+
+
 def param_dtype(params: PyTree) -> Any:
   """The dtype of a cell's parameters (of its first leaf)."""
   return jax.tree_util.tree_leaves(params)[0].dtype

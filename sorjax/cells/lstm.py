@@ -3,6 +3,9 @@
     [i, f, g, o] = x_t W_x + h_{t-1} W_h + b
     c_t = sigma(f + forget_bias) * c_{t-1} + sigma(i) * tanh(g)
     h_t = sigma(o) * tanh(c_t)
+
+Weights start U(-1/sqrt(H), 1/sqrt(H)); b at zero, or (bias_init=
+"uniform", Mahto et al. 3.1.1) from that same range.
 """
 
 from __future__ import annotations
@@ -31,10 +34,12 @@ def lstm_update(gates, c, forget_bias=0.0):
 class LSTM:
   hidden_size: int
   forget_bias: float = 0.0
+  bias_init: str = "zeros"
 
   def __post_init__(self):
     base.check_positive_int("lstm", "hidden_size", self.hidden_size)
     base.check_finite_real("lstm", "forget_bias", self.forget_bias)
+    base.check_choice("lstm", "bias_init", self.bias_init, base.BIAS_INITS)
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
     base.check_init(self, key, dtype)
@@ -43,7 +48,7 @@ class LSTM:
     kx, kh = jax.random.split(key)
     return {"W_x": base.uniform(kx, (input_size, 4 * H), H, dtype),
             "W_h": base.uniform(kh, (H, 4 * H), H, dtype),
-            "b": base.zeros((4 * H,), dtype)}
+            "b": base.lstm_bias(key, self.bias_init, (4 * H,), H, dtype)}
 
   def initial_carry(self, params, batch_shape=()):
     batch_shape = base.batch_shape(batch_shape)

@@ -152,12 +152,18 @@ class MTSLSTM:
   Attributes:
     hidden_size: H.
     timescales: per-unit timescales or a spec (see the module docstring).
+    bias_init: the g and o gates' biases b_go start at "zeros" or
+      "uniform" (U(-1/sqrt(H), 1/sqrt(H)), as the weights; Mahto et al.
+      3.1.1: all biases but the i and f ones of eq. 5 drawn uniformly).
   """
   hidden_size: int
   timescales: Any
+  bias_init: str = "zeros"
 
   def __post_init__(self):
     base.check_positive_int("mts_lstm", "hidden_size", self.hidden_size)
+    base.check_choice("mts_lstm", "bias_init", self.bias_init,
+                      base.BIAS_INITS)
     object.__setattr__(self, "timescales", _hashable(self.timescales))
     if not isinstance(self.timescales, tuple):
       raise _err(f"must be a sequence or a spec tuple, got "
@@ -181,14 +187,16 @@ class MTSLSTM:
     return {"b_i": -b_f, "b_f": b_f}
 
   def init(self, key, input_size: int, dtype: Any = jnp.float32):
-    """W_x, W_h as `lstm`; b_go = 0; b_if from eq. 5 if learned."""
+    """W_x, W_h as `lstm`; b_go by bias_init; b_if from eq. 5 if
+    learned."""
     base.check_init(self, key, dtype)
     base.check_positive_int("mts_lstm", "input_size", input_size)
     H = self.hidden_size
     kx, kh = jax.random.split(key)
     params = {"W_x": base.uniform(kx, (input_size, 4 * H), H, dtype),
               "W_h": base.uniform(kh, (H, 4 * H), H, dtype),
-              "b_go": base.zeros((2 * H,), dtype)}
+              "b_go": base.lstm_bias(key, self.bias_init, (2 * H,), H,
+                                     dtype)}
     if self.learned:
       b_f = forget_bias(self.unit_timescales())
       params["b_if"] = jnp.asarray(np.concatenate([-b_f, b_f]), dtype)

@@ -2,7 +2,7 @@
 
     h_t = phi(x_t U + h_{t-1} W + b)
 
-(Maupome & Meurs eq. 1; Renganathan & Singh eq. 1 in column form.)
+(Maupome & Meurs eq. 3; Renganathan & Singh eq. 1 in column form.)
 """
 
 from __future__ import annotations

@@ -503,6 +503,8 @@ def test_mahto_lm_is_section_3_1_1(model, corpus, batch, dropouti, dropouth):
           c.model.temporal_activation_reg) == (0.5, 2.0, 1.0)  # AWD-LSTM
   assert c.model.embedding_init == "uniform_0.1"   # "in [-0.1, 0.1]"
   assert (d.eval_batch_size, d.test_batch_size) == (10, 1)  # AWD-LSTM's
+  # "All weights and biases ... uniformly initialized" (they were 0)
+  assert [x.bias_init for x in cells] == ["uniform"] * 3
   names = [type(x).__name__ for x in cells]
   if model == "baseline":
     assert names == ["LSTM"] * 3
@@ -530,7 +532,7 @@ def test_mahto_dyck_is_section_3_1_2(model):
       "adam", 1e-4, 0.9, 0.999, 1e-8)
   assert c.train.num_epochs == 2000
   cell = make_cells(c.model)[0]
-  assert cell.hidden_size == 256
+  assert cell.hidden_size == 256 and cell.bias_init == "uniform"
   if model == "mts":
     T = 1.0 / np.log1p(np.exp(-cell.fixed_arrays()["b_f"]))
     np.testing.assert_allclose(np.median(T), scipy.stats.invgamma(1.5)

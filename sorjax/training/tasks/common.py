@@ -26,7 +26,8 @@ from sorjax.checks import check_bool, check_int, check_number
 
 CELL_HPARAMS = ("activation", "forget_bias", "intermediate_size", "use_D",
                 "use_E", "general", "candidate_activation", "num_cells",
-                "num_matrices", "learn_embedding", "timescales")
+                "num_matrices", "learn_embedding", "timescales",
+                "bias_init")
 TRUNK_FIELDS = ("embed_size", "embedding", "embedding_dropout",
                 "input_dropout", "hidden_dropout", "output_dropout",
                 "locked_dropout", "weight_drop", "remat", "unroll", "hoist",
