@@ -247,7 +247,8 @@ def _check_config_matches(workdir: str, step: int, config, meta) -> None:
 
 def restore(workdir: str, step: str | int = "best", replica: int = 0) -> Run:
   """Restores the run in workdir (~ expands): step "best", "latest" or an
-  int checkpoint step."""
+  int checkpoint step. Its params are those the run was evaluated with:
+  under NT-ASGD the average, once averaging has started."""
   from sorjax.training.checkpoint import Checkpointer
   from sorjax.training.loop import Trainer
   from sorjax.training.tasks import make_task
@@ -264,6 +265,9 @@ def restore(workdir: str, step: str | int = "best", replica: int = 0) -> Run:
   finally:
     ckpt.close()
   _check_config_matches(workdir, s, config, meta)
-  return Run(workdir, s, config, task, state.params, meta,
+  from sorjax.training.asgd import evaluated_params
+  # NT-ASGD: the averaged weights, which the run's metrics were made with
+  params = evaluated_params(config.optim.name, state.params, state.opt_state)
+  return Run(workdir, s, config, task, params, meta,
              checkpoint=step if isinstance(step, str) else None
              ).with_replica(replica)

@@ -10,9 +10,10 @@ Config string `m<m>[,learn_embedding]`:
   learn_embedding  sec. 6.2's variant: a trained 2-d embedding and
                    hidden 2m instead of the fixed 1-d one and hidden m
 
-At every closing bracket the hidden state of the prefix before it goes
-through an affine map and a softmax over the k closing brackets, trained by
-cross-entropy (sec. 4.2; task dyck_closing). Sec. 5.3: batch 512, Adam
+At every closing bracket the top of the stack (unit 0 of the hidden state,
+`model.head_units = 1`) after the prefix before it goes through an affine
+map and a softmax over the k closing brackets, trained by cross-entropy
+(sec. 4.2; task dyck_closing). Sec. 5.3: batch 512, Adam
 (sec. 5.3: "for all our models") at 0.01; h = m (Table 1); training stops
 when the dev loss falls below 1e-5 (`early_stopping.stop_below`), here
 within at most 100 epochs, and the best checkpoint is kept. Table 1's "4, 2
@@ -42,6 +43,9 @@ def get_config(config_string: str = "m4"):
   else:
     c = common.config("dyck_closing", data, cell="dyck_rnn", hidden_size=m,
                       learn_embedding=False, embedding="cell")
+  # 4.2: "we inspect the top element of the stack ... apply an affine
+  # transformation": the head reads unit 0
+  c.model.head_units = 1
   c.optim.name = "adam"
   c.optim.learning_rate = 1e-2
   c.early_stopping.stop_below = 1e-5

@@ -40,9 +40,14 @@ class DyckModel(RecurrentTrunk):
     head: one of HEADS.
     num_outputs: classes of the head; defaults to vocab_size for
       "next_token", required for "admissible" and "closing".
+    head_units: the head reads the last layer's first `head_units` units
+      (None: all). 1 reads a Dyck-RNN's stack top, unit 0: "we inspect the
+      top element of the stack ... apply an affine transformation"
+      (Renganathan & Singh 4.2).
   """
   head: str = "next_token"
   num_outputs: int | None = None
+  head_units: int | None = None
 
   def _validate(self) -> None:
     super()._validate()
@@ -51,6 +56,13 @@ class DyckModel(RecurrentTrunk):
     if self.head != "next_token" or self.num_outputs is not None:
       base.check_positive_int(f"{type(self).__name__} (head={self.head!r})",
                               "num_outputs", self.num_outputs)
+    if self.head_units is not None:
+      base.check_positive_int(type(self).__name__, "head_units",
+                              self.head_units)
+      H = self.cells[-1].hidden_size
+      if self.head_units > H:
+        raise self._error(f"head_units={self.head_units} exceeds the last "
+                          f"layer's hidden size {H}")
 
   @property
   def num_classes(self) -> int:
@@ -76,6 +88,8 @@ class DyckModel(RecurrentTrunk):
       last = (jnp.full(h.shape[:1], T - 1, jnp.int32) if lengths is None
               else jnp.asarray(lengths, jnp.int32) - 1)
       h = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]  # [B, H]
+    if self.head_units is not None:
+      h = h[..., :self.head_units]
     logits = nn.Dense(self.num_classes, param_dtype=self.param_dtype,
                       name="head")(h)
     return logits, carries

@@ -88,6 +88,15 @@ def averaged_params(opt_state, params):
                       lambda: params)
 
 
+def evaluated_params(optim_name: str, params, opt_state):
+  """The params a run is evaluated with, per replica (leading axis of both
+  trees): under nt_asgd the ASGD average once averaging has started, as
+  the loop evaluates, selects `best/` and AWD-LSTM saves; else `params`."""
+  if optim_name != "nt_asgd":
+    return params
+  return jax.vmap(averaged_params)(opt_state, params)
+
+
 @dataclasses.dataclass
 class NonMonotoneTrigger:
   """AWD-LSTM's trigger: switch when val > min(val[:-n]) (n = non-monotone

@@ -103,7 +103,11 @@ def _check_read(cfg: Mapping[str, Any], reads: dict, chosen: str,
 
 
 def learning_rate_schedule(cfg: Mapping[str, Any]) -> optax.Schedule:
-  """cfg.learning_rate and cfg.schedule in SCHEDULES (+ its fields)."""
+  """cfg.learning_rate and cfg.schedule in SCHEDULES (+ its fields).
+
+  warmup_steps: warmup_constant and warmup_cosine ramp linearly from 0 over
+  them (0: none, full rate from step 0); exponential holds the full rate
+  that long before decaying (optax's transition_begin), no ramp."""
   kind = _get(cfg, "schedule", "constant")
   if kind not in SCHEDULES:
     raise ValueError(f"optim.schedule must be one of {SCHEDULES}, got "
@@ -115,9 +119,11 @@ def learning_rate_schedule(cfg: Mapping[str, Any]) -> optax.Schedule:
   if kind == "constant":
     return optax.constant_schedule(lr)
   if kind == "warmup_constant":
+    if warmup == 0:        # no warmup: step 0 at the full rate, not at 0
+      return optax.constant_schedule(lr)
     return optax.join_schedules(
-        [optax.linear_schedule(0.0, lr, max(warmup, 1)),
-         optax.constant_schedule(lr)], [max(warmup, 1)])
+        [optax.linear_schedule(0.0, lr, warmup),
+         optax.constant_schedule(lr)], [warmup])
   if kind == "exponential":
     return optax.exponential_decay(
         lr, transition_steps=int(_get(cfg, "decay_steps", 1)),

@@ -461,10 +461,24 @@ def test_renganathan_dyck_is_sections_4_2_and_6_2(m):
   cell = make_cells(c.model)[0]
   assert (type(cell).__name__, cell.hidden_size) == ("DyckRNN", m)
   assert not cell.learn_embedding and c.model.embedding == "cell"
+  # "we inspect the top element of the stack ... apply an affine
+  # transformation": a head of 4 parameters (it read the whole state)
+  assert c.model.head_units == 1
+  c.data.scale = 0.001
+  params = jax.eval_shape(make_task(c).init_params, jax.random.key(0))
+  assert params["head"]["kernel"].shape == (1, 2)
   c = renganathan_dyck.get_config(f"m{m},learn_embedding")
   cell = make_cells(c.model)[0]
   assert cell.hidden_size == 2 * m and cell.learn_embedding
   assert (c.model.embedding, c.model.embed_size) == ("learned", 2)
+
+
+def test_head_units_is_refused_where_no_head_reads_it():
+  c = mahto_lm.get_config("baseline,ptb")
+  c.model.head_units = 1
+  with pytest.raises(ConfigError, match=r"model.head_units=1 is read by the "
+                     r"Dyck tasks' heads only"):
+    make_task(c)
 
 
 @pytest.mark.parametrize("cell,batch", [("tree_rnn", 20), ("tree_lstm", 5)])

@@ -202,3 +202,29 @@ def test_hidden_dropout_on_a_one_layer_stack_is_refused():
                      r"outputs between layers, and this stack has one layer"):
     LanguageModel([make("rnn", hidden_size=4)], vocab_size=5, embed_size=4,
                   hidden_dropout=0.3).init(jax.random.key(0), jnp.zeros((1, 2), jnp.int32))
+
+
+def test_a_dyck_head_of_one_unit_reads_the_stack_top_only():
+  """Renganathan & Singh 4.2: "we inspect the top element of the stack
+  ... apply an affine transformation" (the head read the whole state):
+  logits are an affine map of unit 0 alone."""
+  from sorjax.models import DyckModel
+  H, k = 4, 2
+  cell = make("dyck_rnn", hidden_size=H, learn_embedding=False)
+  model = DyckModel(cells=(cell,), vocab_size=2 * k + 2, embedding="cell",
+                    num_outputs=k, head_units=1)
+  tokens = jnp.array([[4, 0, 1, 3, 0]], jnp.int32)
+  params = model.init(jax.random.key(0), tokens)["params"]
+  assert params["head"]["kernel"].shape == (1, k)
+  logits, _ = model.apply({"params": params}, tokens)
+  from sorjax import unroll
+  emb = jnp.asarray(cell.fixed_embedding(k))[tokens]
+  _, hs = unroll(cell, params["layer_0"], emb)
+  top = np.asarray(hs[..., :1])                 # unit 0, the stack top
+  want = top @ np.asarray(params["head"]["kernel"]) + np.asarray(
+      params["head"]["bias"])
+  np.testing.assert_allclose(logits, want, rtol=1e-6, atol=1e-6)
+  with pytest.raises(ValueError, match="head_units=5 exceeds the last "
+                     "layer's hidden size 4"):
+    DyckModel(cells=(cell,), vocab_size=6, embedding="cell", num_outputs=k,
+              head_units=5)

@@ -105,6 +105,18 @@ def test_schedules():
                                     "warmup_steps": 4})
   np.testing.assert_allclose([float(s(i)) for i in (0, 2, 4, 10)],
                              [0.0, 0.5, 1.0, 1.0])
+  # no warmup: the full rate from step 0 (step 0 ran at 0; QA, session 41)
+  s0 = optim.learning_rate_schedule({"learning_rate": 1.0,
+                                     "schedule": "warmup_constant",
+                                     "warmup_steps": 0})
+  np.testing.assert_allclose([float(s0(i)) for i in (0, 1, 5)], [1, 1, 1])
+  # exponential holds the full rate over warmup_steps (no ramp)
+  h = optim.learning_rate_schedule({"learning_rate": 1.0,
+                                    "schedule": "exponential",
+                                    "warmup_steps": 1, "decay_steps": 2,
+                                    "decay_rate": 0.5})
+  np.testing.assert_allclose([float(h(i)) for i in range(6)],
+                             [1, 1, 1, 0.5, 0.5, 0.25])
   e = optim.learning_rate_schedule({"learning_rate": 1.0,
                                     "schedule": "exponential",
                                     "decay_steps": 2, "decay_rate": 0.5})

@@ -28,7 +28,8 @@ from sorjax.models import DyckModel
 from sorjax.training.tasks.base import (EpochBatches, EpochModelTask,
                                         masked_mean, step_mask)
 from sorjax.training.tasks.common import BATCH_FIELDS, ConfigError, \
-    build_model, check_ints, check_scale, refuse_lm_fields, trunk_kwargs
+    build_model, check_ints, check_scale, head_units, refuse_lm_fields, \
+    trunk_kwargs
 
 _BUCKET_FIELDS = {"num_buckets": 1, "bucket_multiple": 1}
 
@@ -94,7 +95,8 @@ class DyckLM(EpochModelTask):
     refuse_lm_fields(config.model, self.name)
     self._setup_model(build_model(config.model, lambda cells: DyckModel(
         cells=cells, vocab_size=V, head=self._head,
-        num_outputs=self._num_outputs, **trunk_kwargs(config.model))),
+        num_outputs=self._num_outputs, **head_units(config.model),
+        **trunk_kwargs(config.model))),
                       config, k=self.k)
     train = self.splits["train"][0]
     inputs, targets = batching.lm_pairs(train)
@@ -267,7 +269,8 @@ class DyckPCFGTask(EpochModelTask):
     refuse_lm_fields(config.model, self.name)
     self._setup_model(build_model(config.model, lambda cells: DyckModel(
         cells=cells, vocab_size=self.grammar.vocab_size, head="admissible",
-        num_outputs=self.k, **trunk_kwargs(config.model))), config, k=self.k)
+        num_outputs=self.k, **head_units(config.model),
+        **trunk_kwargs(config.model))), config, k=self.k)
     train = self.splits["train"]
     self._targets = {s: [self.grammar.closing_targets(x).astype(np.float32)
                          for x in seqs] for s, seqs in self.splits.items()}

@@ -165,6 +165,10 @@ class LanguageModelTask(ModelTask):
   ADDED_FIELDS = ADDED_FIELDS
 
   def __init__(self, config):
+    if config.model.get("head_units") is not None:
+      raise ConfigError(f"model.head_units={config.model.head_units} is read "
+                        "by the Dyck tasks' heads only; the lm task's "
+                        "decoder reads every unit: leave it None")
     d = self.data_cfg = config.data
     check_bools(d, ("variable_bptt", "documents"))
     _check_fields(d)
