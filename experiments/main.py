@@ -58,7 +58,7 @@ def parse_flags(argv):
   given, sys.argv = sys.argv, argv  # config_flags reads sys.argv itself
   try:
     rest = app.parse_flags_with_usage(argv)
-  except (KeyError, AttributeError, TypeError):
+  except (KeyError, AttributeError, TypeError, ValueError, IndexError):
     # Raised while --config's file was being loaded with its overrides:
     # load the file alone and find the override that names no field.
     spec = train.argument(argv, "config")

@@ -106,6 +106,10 @@ def train(ctx: Context, name: str, config: str, string: str,
              f"{config}.py:{string} --workdir={wd} " + " ".join(
                  f"--config.{k}={_flag_value(v)}"
                  for k, v in overrides.items()))
+  cfg = importlib.import_module(f"experiments.configs.{config}"
+                                ).get_config(string)
+  for k, v in overrides.items():
+    _set(cfg, k, v)
   if os.path.exists(done):
     with open(done) as f:
       record = json.load(f)
@@ -113,11 +117,8 @@ def train(ctx: Context, name: str, config: str, string: str,
       raise ReproduceError(
           f"{wd} was trained with other overrides ({record['overrides']}, "
           f"now {overrides}); remove it or use another --workdir")
+    _check_not_stale(wd, cfg, f"{config}.py:{string}")
   else:
-    cfg = importlib.import_module(f"experiments.configs.{config}"
-                                  ).get_config(string)
-    for k, v in overrides.items():
-      _set(cfg, k, v)
     logging.info("training %s: %s", name, command)
     # training time over every invocation: an interrupted one leaves its
     # seconds here for the rerun that finishes the run
@@ -145,6 +146,26 @@ def train(ctx: Context, name: str, config: str, string: str,
       os.remove(partial)
   ctx.runs.append(record)
   return wd
+
+
+def _check_not_stale(wd: str, cfg, source: str) -> None:
+  """A finished run is reused only while its config (config.json) is what
+  the shipped config and the overrides make now: a config changed since
+  (a new field, another value) would report the old model's numbers."""
+  from sorjax.runs import read_config_json
+  from sorjax.training.loop import config_changes, shown_changes
+  from sorjax.training.tasks import added_fields
+  path = os.path.join(wd, "config.json")
+  try:
+    saved = read_config_json(path)
+  except ValueError as e:
+    raise ReproduceError(f"{e}; remove {wd} to retrain it") from None
+  changes = config_changes(saved, cfg.to_dict(), added_fields(cfg.task))
+  if changes:
+    raise ReproduceError(
+        f"{wd} was trained with another config than {source} and the "
+        f"overrides make now: {shown_changes(changes)} (trained -> now); "
+        f"remove it (or use another --workdir) to retrain it")
 
 
 def _started_otherwise(wd: str, ctx: Context, error: Exception) -> str:

@@ -20,11 +20,17 @@ class ResultsError(ValueError):
 
 def _selection(wd: str) -> tuple[str, str]:
   """(metric, mode) the run in `wd` selected its best checkpoint by: its
-  config.json's selection, ("loss", "min") without one (older runs)."""
+  config.json's selection (("loss", "min") for a config written before
+  selection existed); a run without config.json is a ResultsError, not
+  read by a guess (Le & Zuidema's runs select by accuracy)."""
   from sorjax.runs import read_config_json
   from sorjax.training.optim import selection_of
   path = os.path.join(wd, "config.json")
-  return selection_of(read_config_json(path) if os.path.exists(path) else {})
+  try:
+    return selection_of(read_config_json(path))
+  except ValueError as e:
+    raise ResultsError(f"{e} (the run's config); remove {wd} to retrain "
+                       "it") from None
 
 
 def per_replica(wd: str, select: str | None = None, report: str = "test"
@@ -36,7 +42,10 @@ def per_replica(wd: str, select: str | None = None, report: str = "test"
   that epoch (`best_epoch`) and the epochs run."""
   from sorjax.training.metrics import read_metrics
   metric, mode = _selection(wd)
-  recs = read_metrics(wd)
+  try:
+    recs = read_metrics(wd)
+  except (OSError, ValueError) as e:   # missing, or a damaged line
+    raise ResultsError(f"{e}; remove {wd} to retrain it") from None
   splits = {r["split"] for r in recs}
   if select is None:
     select = next((s for s in ("dev", "valid") if s in splits), "dev")

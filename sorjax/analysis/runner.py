@@ -488,13 +488,17 @@ def _source(name, run, o) -> dict:
   out = []
   for r in runs:
     d = {"workdir": r.workdir, "step": getattr(r, "step", None),
-         "replica": getattr(r, "replica", None)}
+         "replica": getattr(r, "replica", None),
+         "checkpoint": getattr(r, "checkpoint", None)}  # "best", "latest"
     if "temperature" in reads:
       d["temperature"] = temperature(r, o.temperature)
     out.append(d)
   src = {"analysis": name, **out[0]}
   if "split" in reads:
     src["split"] = o.split  # None: the analysis' default split(s)
+  for k in ("sentence", "pairs"):
+    if k in reads:                # as JSON holds it (a tuple as a list)
+      src[k] = json.loads(json.dumps(getattr(o, k)))
   if len(out) > 1:
     src["compare"] = out[1]
   return src
@@ -502,13 +506,23 @@ def _source(name, run, o) -> dict:
 
 # What a result file is of, beyond the checkpoint's step (a newer best
 # replaces an older one's results): a file of other values is not replaced.
-_SAME = ("workdir", "replica", "split")
+# The inputs after the first three are compared only when the old file
+# records them (files written before session 41 do not).
+_SAME = ("workdir", "replica", "split", "checkpoint", "temperature",
+         "sentence", "pairs")
+_COMPARED = ("workdir", "replica", "checkpoint", "temperature")
 
 
-def _identity(src: dict) -> dict:
+def _identity(src: dict, recorded: dict | None = None) -> dict:
+  """The inputs of `src` that name what its results are of; with
+  `recorded` (an older file's source), only those it records too."""
   other = src.get("compare") or {}
-  return {**{k: src.get(k) for k in _SAME},
-          **{f"compare {k}": other.get(k) for k in ("workdir", "replica")}}
+  keys = [k for k in _SAME if recorded is None or k in _SAME[:3]
+          or k in recorded]
+  ckeys = [k for k in _COMPARED if recorded is None or k in ("workdir",
+           "replica") or k in (recorded.get("compare") or {})]
+  return {**{k: src.get(k) for k in keys},
+          **{f"compare {k}": other.get(k) for k in ckeys}}
 
 
 def _check_not_replacing(sources: dict, out) -> None:
@@ -524,7 +538,7 @@ def _check_not_replacing(sources: dict, out) -> None:
         old = json.load(f).get("source") or {}
     except (OSError, ValueError, AttributeError):
       continue  # not one of ours, or damaged: nothing to keep
-    was, now = _identity(old), _identity(src)
+    was, now = _identity(old, old), _identity(src, old)
     differ = [f"{k} {was[k]!r} -> {now[k]!r}" for k in now
               if was[k] != now[k]]
     if differ:

@@ -560,8 +560,9 @@ class Trainer:
             "stopped by train.max_steps=%d at step %d, inside epoch %d: that "
             "epoch is not evaluated%s", max_steps, step, epoch + 1,
             "" if ckpt.best_step() is not None else
-            " and no epoch has been (best/ is empty; sorjax.restore and "
-            "experiments.analyze read step 'latest')")
+            " and no epoch has been (best/ is empty: read its last state "
+            "with sorjax.restore(workdir, step='latest') or "
+            "experiments.analyze --step=latest)")
     finally:
       signals.close()
       ckpt.wait()

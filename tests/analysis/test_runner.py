@@ -106,9 +106,10 @@ def test_the_temperature_applies_to_both_runs_and_is_recorded(tmp_path):
     np.testing.assert_allclose(got["log_probs"], lp)
   assert res["source"] == {
       "analysis": "token_losses", "workdir": "/fake/ptb", "step": 7,
-      "replica": 0, "temperature": 2.0,
+      "replica": 0, "checkpoint": None, "temperature": 2.0,
+      "sentence": "the cat",
       "compare": {"workdir": "/fake/ptb", "step": 7, "replica": 0,
-                  "temperature": 2.0}}
+                  "checkpoint": None, "temperature": 2.0}}
 
 
 @pytest.mark.parametrize("option", ["max_tokens", "max_sequences",
@@ -234,6 +235,17 @@ def test_results_of_other_inputs_are_not_replaced(tmp_path):
                      r"'/fake/ptb'; compare replica None -> 0"):
     runner.run_analyses(run, ["token_losses"], out, sentence="the cat",
                         compare=other)
+  # another sentence, temperature or checkpoint is another input too (they
+  # replaced the results silently; QA, session 41)
+  with pytest.raises(AnalysisError, match=r"sentence 'the cat' -> 'a dog'"):
+    runner.run_analyses(run, ["token_losses"], out, sentence="a dog")
+  with pytest.raises(AnalysisError, match=r"temperature 1.0 -> 2.0"):
+    runner.run_analyses(run, ["token_losses"], out, sentence="the cat",
+                        temperature=2.0)
+  latest = _BigramRun()
+  latest.checkpoint = "latest"
+  with pytest.raises(AnalysisError, match=r"checkpoint None -> 'latest'"):
+    runner.run_analyses(latest, ["token_losses"], out, sentence="the cat")
   assert (tmp_path / "out" / "token_losses.json").read_text() == first
 
 

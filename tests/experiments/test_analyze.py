@@ -346,9 +346,10 @@ def test_compare_gets_the_same_temperature_and_the_source_is_recorded(
       perplexity.perplexity(other, None, tau)["cross_entropy"])
   assert ppl["source"] == {
       "analysis": "perplexity", "workdir": run.workdir, "step": run.step,
-      "replica": 0, "temperature": tau, "split": None,   # its default
+      "replica": 0, "checkpoint": "best", "temperature": tau,
+      "split": None,   # its default
       "compare": {"workdir": run.workdir, "step": run.step, "replica": 1,
-                  "temperature": tau}}
+                  "checkpoint": "best", "temperature": tau}}
   with open(written["frequency"][0]) as f:
     freq = json.load(f)
   assert freq["b"]["all tokens"]["cross_entropy"] == pytest.approx(

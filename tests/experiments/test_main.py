@@ -133,6 +133,22 @@ def test_none_and_literal_overrides_are_taken_out_and_the_last_flag_wins():
                                 "--config.model.timescales=inverse_gamma"])
 
 
+@pytest.mark.parametrize("config, flag, msg", [
+    ("demo.py", "--config.model.layers[0].hidden_size=6",
+     "model.layers is a NoneType, not a sequence to index"),
+    ("mahto_lm.py:mts,ptb,sizes=8-8-4",
+     "--config.model.layers[5].hidden_size=6",
+     "model.layers holds 3 entries (indices 0..2)")])
+def test_an_index_past_the_layers_is_a_flag_error(config, flag, msg,
+                                                  tmp_path):
+  # ml_collections' ValueError / IndexError came out as tracebacks (QA,
+  # session 41)
+  res = run_main(f"--config=experiments/configs/{config}",
+                 f"--workdir={tmp_path}", flag, timeout=120)
+  assert res.returncode != 0 and "Traceback" not in res.stderr
+  assert f"Flags parsing error: flag {flag}: {msg}" in res.stderr
+
+
 def test_indexed_overrides_are_checked_like_fields():
   import ml_collections
   c = ml_collections.ConfigDict({"model": {"layers": (

@@ -69,6 +69,18 @@ def test_item_1_runs_at_micro_scale(tmp_path):
                      match="was trained with other overrides"):
     reproduce.reproduce("1", str(tmp_path / "runs"), scale="micro",
                         replicas=2)
+  # ... as is one whose config the shipped one no longer makes (a field
+  # added or changed since; it reported the old model's numbers: QA,
+  # session 41)
+  path = tmp_path / "runs" / "dyck_rnn" / "m4" / "config.json"
+  saved = json.loads(path.read_text())
+  del saved["model"]["head_units"]
+  path.write_text(json.dumps(saved))
+  with pytest.raises(reproduce.ReproduceError, match=r"was trained with "
+                     r"another config than renganathan_dyck.py:m4 and the "
+                     r"overrides make now: model.head_units: '\(absent\)' "
+                     r"-> 1 \(trained -> now\); remove it"):
+    reproduce.reproduce("1", str(tmp_path / "runs"), scale="micro")
 
 
 def test_items_7_and_8_share_the_wikitext2_runs(tmp_path, monkeypatch):
@@ -76,6 +88,8 @@ def test_items_7_and_8_share_the_wikitext2_runs(tmp_path, monkeypatch):
 
   def fake_train(cfg, wd):
     os.makedirs(wd)
+    with open(os.path.join(wd, "config.json"), "w") as f:
+      f.write(cfg.to_json())              # as the trainer writes it
     trained.append(os.path.relpath(wd, tmp_path))
 
   monkeypatch.setattr("experiments.train.train_and_evaluate", fake_train)

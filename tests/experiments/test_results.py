@@ -15,6 +15,30 @@ def _write_metrics(path, records):
   with open(os.path.join(path, "metrics.jsonl"), "w") as f:
     for r in records:
       f.write(json.dumps(r) + "\n")
+  config = os.path.join(path, "config.json")
+  if not os.path.exists(config):   # a run's; {}: one before `selection`
+    with open(config, "w") as f:
+      f.write("{}")
+
+
+def test_a_run_missing_or_damaging_its_files_is_a_results_error(tmp_path):
+  # they were tracebacks out of reproduce, and a missing config.json was
+  # read as selecting by the lowest loss (QA, session 41)
+  _write_metrics(str(tmp_path), [{"step": 1, "split": "dev", "replica": 0,
+                                  "loss": 1.0}])
+  os.remove(tmp_path / "config.json")
+  with pytest.raises(results.ResultsError, match=r"config.json is not a "
+                     r"file \(the run's config\); remove .* to retrain"):
+    results.per_replica(str(tmp_path))
+  (tmp_path / "config.json").write_text("{}")
+  with open(tmp_path / "metrics.jsonl", "a") as f:
+    f.write('{"step": 2, "spl')
+  with pytest.raises(results.ResultsError, match=r"metrics.jsonl:2: not a "
+                     r"JSON line .*; remove .* to retrain it"):
+    results.per_replica(str(tmp_path))
+  os.remove(tmp_path / "metrics.jsonl")
+  with pytest.raises(results.ResultsError, match="no metrics file"):
+    results.per_replica(str(tmp_path))
 
 
 def test_per_replica_reports_test_at_the_best_dev_epoch(tmp_path):
