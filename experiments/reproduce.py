@@ -35,6 +35,7 @@ from experiments.results import (ResultsError, fold_stats, per_replica,
 from sorjax.checks import check_int, output_dir_problem
 from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
+from sorjax.training.workdir_lock import WorkdirInUse
 
 FLAGS = flags.FLAGS
 flags.DEFINE_string("workdir", None, "Root directory of the item's runs.")
@@ -130,6 +131,8 @@ def train(ctx: Context, name: str, config: str, string: str,
     t0 = time.perf_counter()
     try:
       trainer.train_and_evaluate(cfg, wd)
+    except WorkdirInUse as e:     # another invocation trains it right now
+      raise ReproduceError(str(e)) from None
     except ConfigError as e:
       raise ReproduceError(_started_otherwise(wd, ctx, e)) from None
     except BaseException:

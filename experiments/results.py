@@ -97,3 +97,9 @@ def fold_stats(means: list[dict], names) -> dict:
   `names` that every fold has."""
   return {n: stats([m[n] for m in means]) for n in names
           if all(n in m for m in means)}
+
+
+if __name__ == "__main__":
+  raise SystemExit("experiments.results is a library (experiments.reproduce "
+                   "and experiments.crossval read runs with it); it has no "
+                   "command line")

@@ -36,7 +36,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
-from sorjax.training import asgd, interrupt
+from sorjax.training import asgd, interrupt, workdir_lock
 from sorjax.training.checkpoint import Checkpointer
 from sorjax.training.config import base_config, fields_set
 from sorjax.training.metrics import MetricWriter
@@ -390,11 +390,17 @@ class Trainer:
 
   # ------------------------------------------------------------ loop
   def run(self) -> TrainState:
+    """Trains (or resumes) into the work directory, which no other process
+    may train into meanwhile (`workdir_lock`)."""
+    self._check_selection_metric()
+    os.makedirs(self.workdir, exist_ok=True)
+    with workdir_lock.held(self.workdir):
+      return self._run()
+
+  def _run(self) -> TrainState:
     cfg, task = self.config, self.task
     tcfg = cfg.train
     _, mode = self.selection
-    self._check_selection_metric()
-    os.makedirs(self.workdir, exist_ok=True)
     ckpt = Checkpointer(self.workdir, keep=tcfg.keep_checkpoints)
     resuming = ckpt.latest_step() is not None
     try:

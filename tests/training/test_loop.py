@@ -507,3 +507,31 @@ def test_stop_below_ends_the_run_once_every_replica_is_under_it(tmp_path):
   # A rerun of a stopped run does nothing more.
   Trainer(ToyTask(), config, str(tmp_path / "s")).run()
   assert len(read_metrics(str(tmp_path / "s"), "valid")) == 2
+
+
+def test_a_workdir_another_process_trains_into_is_refused(tmp_path):
+  """Two runs in one work directory interleaved their metrics.jsonl rows
+  and checkpoints (QA, session 41): the second is refused before it writes
+  anything, naming the first; the lock goes with the holder."""
+  import subprocess
+  import sys
+  from sorjax.training import workdir_lock
+  holder = subprocess.Popen(
+      [sys.executable, "-c", "import sys, time\n"
+       "from sorjax.training import workdir_lock\n"
+       f"with workdir_lock.held({str(tmp_path)!r}):\n"
+       "  print('held', flush=True); time.sleep(60)\n"],
+      cwd=os.path.dirname(os.path.dirname(os.path.dirname(
+          os.path.abspath(__file__)))), stdout=subprocess.PIPE, text=True)
+  try:
+    assert holder.stdout.readline().strip() == "held"
+    with pytest.raises(workdir_lock.WorkdirInUse, match=rf"{tmp_path} is "
+                       rf"being trained into by another process \(pid "
+                       rf"{holder.pid} on .*\): two runs"):
+      run(tmp_path)
+    assert sorted(os.listdir(tmp_path)) == [".lock"]   # nothing written
+  finally:
+    holder.kill()
+    holder.wait()
+  state = run(tmp_path)          # the lock died with its holder
+  assert int(state.step[0]) == 18
