@@ -267,7 +267,7 @@ def restore(workdir: str, step: str | int = "best", replica: int = 0) -> Run:
   _check_config_matches(workdir, s, config, meta)
   from sorjax.training.asgd import evaluated_params
   # NT-ASGD: the averaged weights, which the run's metrics were made with
-  params = evaluated_params(config.optim.name, state.params, state.opt_state)
+  params = evaluated_params(config.optim.name, state)
   return Run(workdir, s, config, task, params, meta,
              checkpoint=step if isinstance(step, str) else None
              ).with_replica(replica)

@@ -39,8 +39,7 @@ def make(name: str, task, state, config, workdir: str) -> str:
     if task.name not in ("dyck_lm", "dyck_closing"):
       raise ValueError(f"figure 'ldpa' needs a Dyck task, not {task.name!r}")
     from sorjax.training.asgd import evaluated_params
-    params = evaluated_params(config.optim.name, state.params,
-                              state.opt_state)
+    params = evaluated_params(config.optim.name, state)
     run = Run(workdir, int(jax.device_get(state.step)[0]), config, task,
               jax.device_get(params), {})
     return dyck.plot_ldpa(dyck.ldpa(run), path)

@@ -88,13 +88,14 @@ def averaged_params(opt_state, params):
                       lambda: params)
 
 
-def evaluated_params(optim_name: str, params, opt_state):
-  """The params a run is evaluated with, per replica (leading axis of both
-  trees): under nt_asgd the ASGD average once averaging has started, as
-  the loop evaluates, selects `best/` and AWD-LSTM saves; else `params`."""
+def evaluated_params(optim_name: str, state):
+  """The params a train state is evaluated with, per replica (the leading
+  axis): under nt_asgd the ASGD average once averaging has started, as
+  the loop evaluates, selects `best/` and AWD-LSTM saves; else
+  `state.params` (`state.opt_state` is read under nt_asgd only)."""
   if optim_name != "nt_asgd":
-    return params
-  return jax.vmap(averaged_params)(opt_state, params)
+    return state.params
+  return jax.vmap(averaged_params)(state.opt_state, state.params)
 
 
 @dataclasses.dataclass
