@@ -39,6 +39,7 @@ from sorjax.training.tasks.common import ConfigError
 
 FLAGS = flags.FLAGS
 DONE = "crossval_fold.json"   # written in a fold's directory when it ends
+PARTIAL = "crossval_partial.json"  # an interrupted invocation's seconds
 NOT_METRICS = ("step", "epoch", "best_epoch", "epochs_run")
 
 
@@ -74,17 +75,39 @@ def run_fold(config, fold: int, workdir: str) -> dict:
   """Trains fold `fold` of `config` in WORKDIR/fold_<fold>: a new run, or
   the run there resumed (a finished one with the same config trains no
   further; one with other values is refused by the loop, naming them);
-  returns its record (directory, wall time of this call)."""
+  returns its record (directory, training time over every invocation:
+  an interrupted one leaves its seconds in WORKDIR/fold_<fold>/PARTIAL,
+  and one that trains a finished fold on adds to its recorded time)."""
   wd = os.path.join(workdir, f"fold_{fold}")
   cfg = _fold_config(config, fold)
   logging.info("crossval: fold %d of %d in %s", fold, cfg.data.folds, wd)
+  before = sum(_wall_s(os.path.join(wd, name)) for name in (DONE, PARTIAL))
   t0 = time.perf_counter()
-  train.train_and_evaluate(cfg, wd)
+  try:
+    train.train_and_evaluate(cfg, wd)
+  except BaseException:
+    if os.path.isdir(wd):
+      with open(os.path.join(wd, PARTIAL), "w") as f:
+        json.dump({"wall_s": before + time.perf_counter() - t0}, f)
+    raise
   record = {"fold": fold, "workdir": wd,
-            "wall_s": round(time.perf_counter() - t0, 1)}
+            "wall_s": round(before + time.perf_counter() - t0, 1)}
   with open(os.path.join(wd, DONE), "w") as f:
     json.dump(record, f, indent=1)
+  if os.path.exists(os.path.join(wd, PARTIAL)):
+    os.remove(os.path.join(wd, PARTIAL))
   return record
+
+
+def _wall_s(path: str) -> float:
+  """The wall_s a record at `path` holds, 0 without one."""
+  if not os.path.isfile(path):
+    return 0.0
+  try:
+    with open(path) as f:
+      return float(json.load(f).get("wall_s", 0.0))
+  except (OSError, ValueError, AttributeError, TypeError):
+    return 0.0
 
 
 def _fold_config(config, fold: int):

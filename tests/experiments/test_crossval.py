@@ -180,3 +180,28 @@ def test_the_command_runs_a_fold_of_maupome_on_the_real_corpus(
   assert "test bits_per_char:" in res.stdout
   s = json.load(open(tmp_path / "cv" / "crossval.json"))
   assert s["finished"] == [4] and s["config"]["data"]["documents"]
+
+
+def test_a_folds_wall_time_counts_every_invocation(tmp_path, monkeypatch):
+  # an interrupted fold's seconds were lost, and a fold trained on
+  # recorded the last call's only (QA, session 41)
+  import time
+  import ml_collections
+  calls = []
+
+  def fake_train(cfg, wd):
+    os.makedirs(wd, exist_ok=True)
+    calls.append(wd)
+    time.sleep(0.2)
+    if len(calls) == 1:
+      raise KeyboardInterrupt
+
+  monkeypatch.setattr("experiments.train.train_and_evaluate", fake_train)
+  cfg = ml_collections.ConfigDict({"data": {"folds": 2, "fold": 0}})
+  with pytest.raises(KeyboardInterrupt):
+    crossval.run_fold(cfg, 1, str(tmp_path))
+  first = crossval.run_fold(cfg, 1, str(tmp_path))
+  assert first["wall_s"] >= 0.4
+  assert not (tmp_path / "fold_1" / crossval.PARTIAL).exists()
+  again = crossval.run_fold(cfg, 1, str(tmp_path))    # trained on
+  assert again["wall_s"] >= first["wall_s"] + 0.15   # (rounded to 0.1 s)
