@@ -55,6 +55,7 @@ import json
 import os
 import platform
 import signal
+import stat
 import sys
 import tempfile
 import threading
@@ -440,13 +441,21 @@ def _replace(path: Path, text: str) -> None:
   """Writes `text` to `path` whole or not at all: a regular file through a
   temporary one renamed over it (a run killed while writing leaves the
   previous version); anything else (a FIFO, /dev/stdout) directly."""
+  path = Path(os.path.realpath(path))     # a symlink's target is replaced
   if path.exists() and not path.is_file():
     path.write_text(text)
     return
+  if path.exists():                       # its mode kept; mkstemp's is 0600
+    mode = stat.S_IMODE(path.stat().st_mode)
+  else:
+    umask = os.umask(0)
+    os.umask(umask)
+    mode = 0o666 & ~umask
   fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
   try:
     with os.fdopen(fd, "w") as f:
       f.write(text)
+    os.chmod(tmp, mode)
     os.replace(tmp, path)
   except BaseException:
     Path(tmp).unlink(missing_ok=True)

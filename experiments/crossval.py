@@ -36,6 +36,7 @@ from experiments.results import (ResultsError, fold_stats, per_replica,
 from sorjax.checks import output_dir_problem
 from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
+from sorjax.training.workdir_lock import WorkdirInUse
 
 FLAGS = flags.FLAGS
 DONE = "crossval_fold.json"   # written in a fold's directory when it ends
@@ -82,21 +83,36 @@ def run_fold(config, fold: int, workdir: str) -> dict:
   cfg = _fold_config(config, fold)
   logging.info("crossval: fold %d of %d in %s", fold, cfg.data.folds, wd)
   before = sum(_wall_s(os.path.join(wd, name)) for name in (DONE, PARTIAL))
+  step0 = _latest_step(wd)
   t0 = time.perf_counter()
   try:
     train.train_and_evaluate(cfg, wd)
+  except WorkdirInUse:          # another process trains this fold now
+    raise
   except BaseException:
     if os.path.isdir(wd):
       with open(os.path.join(wd, PARTIAL), "w") as f:
         json.dump({"wall_s": before + time.perf_counter() - t0}, f)
     raise
-  record = {"fold": fold, "workdir": wd,
-            "wall_s": round(before + time.perf_counter() - t0, 1)}
+  # a finished fold that trained no further keeps its time
+  spent = (time.perf_counter() - t0 if _latest_step(wd) != step0
+           or not os.path.exists(os.path.join(wd, DONE)) else 0.0)
+  record = {"fold": fold, "workdir": wd, "wall_s": round(before + spent, 1)}
   with open(os.path.join(wd, DONE), "w") as f:
     json.dump(record, f, indent=1)
   if os.path.exists(os.path.join(wd, PARTIAL)):
     os.remove(os.path.join(wd, PARTIAL))
   return record
+
+
+def _latest_step(wd: str) -> int | None:
+  """The newest checkpoint step in `wd` (None without one)."""
+  try:
+    steps = [int(n) for n in os.listdir(os.path.join(wd, "checkpoints"))
+             if n.isdigit()]
+  except OSError:
+    return None
+  return max(steps, default=None)
 
 
 def _wall_s(path: str) -> float:

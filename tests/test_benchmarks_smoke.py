@@ -1054,3 +1054,26 @@ def test_replica_groups_study_runs(capsys):
   with pytest.raises(SystemExit):
     replica_groups.main(["--groups", "0,2"])
   assert "--groups: want ints in 1..--replicas (20)" in capsys.readouterr().err
+
+
+def test_reports_are_replaced_keeping_mode_and_symlinks(tmp_path):
+  # the atomic write made every report 0600 and replaced a symlinked
+  # --out by a file (review, session 41)
+  out = tmp_path / "r.md"
+  out.write_text("old\n")
+  out.chmod(0o644)
+  run._replace(out, "new\n")
+  assert out.read_text() == "new\n" and (out.stat().st_mode & 0o777) == 0o644
+  link = tmp_path / "link.md"
+  link.symlink_to(out)
+  run._replace(link, "newer\n")
+  assert link.is_symlink() and out.read_text() == "newer\n"
+  fresh = tmp_path / "fresh.md"
+  umask = os.umask(0o022)
+  try:
+    run._replace(fresh, "x\n")
+  finally:
+    os.umask(umask)
+  assert (fresh.stat().st_mode & 0o777) == 0o644
+  assert sorted(p.name for p in tmp_path.iterdir()) == [
+      "fresh.md", "link.md", "r.md"]           # no temporary file left

@@ -2,16 +2,21 @@
 
 import ml_collections
 
+from sorjax.data import dyck
+
 from sorjax.training.config import base_config
 from sorjax.training.tasks import lm as lm_task
 from sorjax.training.tasks.common import model_config
 
 
 def dyck_data(**kw) -> ml_collections.ConfigDict:
-  """With a `preset`, the split counts default to None: the preset's own
-  (a count given replaces the preset's)."""
-  if kw.get("preset"):
-    kw = {**dict(num_train=None, num_dev=None, num_test=None), **kw}
+  """With a `preset`, the split counts default to the preset's own (as
+  runs before session 41 recorded them; a count given replaces the
+  preset's, its lengths stay)."""
+  if kw.get("preset") in dyck.PRESETS:
+    counts = {f"num_{s}": spec.num
+              for s, spec in dyck.PRESETS[kw["preset"]].splits}
+    kw = {**counts, **kw}
   d = ml_collections.ConfigDict(dict(
       k=2, m=4, preset=None, num_train=10_000, num_dev=4_000,
       num_test=10_000, scale=1.0, max_length=None, seed=0, batch_size=10,

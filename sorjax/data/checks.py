@@ -28,9 +28,10 @@ def check_scale(owner: str, scale) -> float:
 def memory_bytes() -> int | None:
   """This machine's physical memory in bytes (None where unknown)."""
   try:
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    have = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
   except (AttributeError, ValueError, OSError):
     return None
+  return have if have > 0 else None      # -1: indeterminate
 
 
 def check_fits(owner: str, name: str, value: int, bytes_each: int) -> int:

@@ -17,6 +17,8 @@ import datetime
 import os
 import socket
 
+from absl import logging
+
 try:
   import fcntl
 except ImportError:  # not POSIX
@@ -50,6 +52,11 @@ def held(workdir: str):
           f"({holder or 'unknown'}): two runs in one work directory would "
           "interleave their metrics and checkpoints; wait for it to end, or "
           "give another --workdir") from None
+    except OSError as e:     # no flock here (ENOLCK on some NFS mounts)
+      logging.warning("%s cannot be locked (%s): runs into it are not "
+                      "kept apart", path, e.strerror or e)
+      yield
+      return
     stamp = datetime.datetime.now().astimezone().isoformat(timespec="seconds")
     os.ftruncate(fd, 0)
     os.pwrite(fd, f"pid {os.getpid()} on {socket.gethostname()} since "

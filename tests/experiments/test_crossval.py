@@ -203,5 +203,10 @@ def test_a_folds_wall_time_counts_every_invocation(tmp_path, monkeypatch):
   first = crossval.run_fold(cfg, 1, str(tmp_path))
   assert first["wall_s"] >= 0.4
   assert not (tmp_path / "fold_1" / crossval.PARTIAL).exists()
-  again = crossval.run_fold(cfg, 1, str(tmp_path))    # trained on
-  assert again["wall_s"] >= first["wall_s"] + 0.15   # (rounded to 0.1 s)
+  again = crossval.run_fold(cfg, 1, str(tmp_path))   # trained nothing
+  assert again["wall_s"] == first["wall_s"]
+  os.makedirs(tmp_path / "fold_1" / "checkpoints" / "7")   # trained on
+  monkeypatch.setattr(crossval, "_latest_step",
+                      lambda wd, s=iter([None, 7]): next(s))
+  more = crossval.run_fold(cfg, 1, str(tmp_path))
+  assert more["wall_s"] >= first["wall_s"] + 0.15   # (rounded to 0.1 s)
