@@ -1,7 +1,7 @@
 """Throughput and memory benchmarks of sorjax against torch and flax.
 
     python -m benchmarks.run            # the full grid (long)
-    python -m benchmarks.run --quick    # the targets at H = 512, a few minutes
+    python -m benchmarks.run --quick    # every target, ~13 minutes on 2 cores
 
 Every framework runs in its own worker process (`jax_worker`, `torch_worker`)
 and the driver (`run`, which imports neither) times the contenders of a group
