@@ -43,6 +43,7 @@ OPTIONAL = {
     "model.assignment": str, "model.activation": str,
     "model.forget_bias": float, "model.intermediate_size": int,
     "model.bias_init": str, "model.head_units": int,
+    "model.head_init": str,
     "model.use_D": bool, "model.use_E": bool, "model.general": bool,
     "model.candidate_activation": str, "model.num_cells": int,
     "model.learn_embedding": bool, "model.fused_grad": bool,

@@ -36,6 +36,7 @@ def get_config(config_string: str = "baseline"):
       timescales=("inverse_gamma", ALPHA) if mts else None,
       bias_init="uniform")    # 3.1.2: "initialized using a uniform
                               # distribution"
+  c.model.head_init = "uniform"   # the head too: "uniform distribution"
   c.num_replicas = 20
   c.optim.name = "adam"
   c.optim.learning_rate = 1e-4

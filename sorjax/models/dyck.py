@@ -33,6 +33,13 @@ from sorjax.models.stack import RecurrentTrunk
 HEADS = ("next_token", "admissible", "closing")
 
 
+def _uniform(bound: float):
+  """A flax initializer of U(-bound, bound)."""
+  def init(key, shape, dtype=jnp.float32):
+    return jax.random.uniform(key, shape, dtype, -bound, bound)
+  return init
+
+
 class DyckModel(RecurrentTrunk):
   """Recurrent trunk + one of HEADS.
 
@@ -44,10 +51,15 @@ class DyckModel(RecurrentTrunk):
       (None: all). 1 reads a Dyck-RNN's stack top, unit 0: "we inspect the
       top element of the stack ... apply an affine transformation"
       (Renganathan & Singh 4.2).
+    head_init: None (flax's Dense: lecun-normal kernel, zero bias) or
+      "uniform" (kernel and bias U(-1/sqrt(n), 1/sqrt(n)) for n inputs,
+      as torch's nn.Linear: Mahto et al. 3.1.2 "initialized using a
+      uniform distribution").
   """
   head: str = "next_token"
   num_outputs: int | None = None
   head_units: int | None = None
+  head_init: str | None = None
 
   def _validate(self) -> None:
     super()._validate()
@@ -56,6 +68,9 @@ class DyckModel(RecurrentTrunk):
     if self.head != "next_token" or self.num_outputs is not None:
       base.check_positive_int(f"{type(self).__name__} (head={self.head!r})",
                               "num_outputs", self.num_outputs)
+    if self.head_init is not None:
+      base.check_choice(type(self).__name__, "head_init", self.head_init,
+                        ("uniform",))
     if self.head_units is not None:
       base.check_positive_int(type(self).__name__, "head_units",
                               self.head_units)
@@ -90,8 +105,12 @@ class DyckModel(RecurrentTrunk):
       h = jnp.take_along_axis(h, last[:, None, None], axis=1)[:, 0]  # [B, H]
     if self.head_units is not None:
       h = h[..., :self.head_units]
+    init = {}
+    if self.head_init == "uniform":
+      bound = 1.0 / np.sqrt(h.shape[-1])
+      init = dict.fromkeys(("kernel_init", "bias_init"), _uniform(bound))
     logits = nn.Dense(self.num_classes, param_dtype=self.param_dtype,
-                      name="head")(h)
+                      name="head", **init)(h)
     return logits, carries
 
   @nn.nowrap

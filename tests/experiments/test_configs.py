@@ -473,11 +473,13 @@ def test_renganathan_dyck_is_sections_4_2_and_6_2(m):
   assert (c.model.embedding, c.model.embed_size) == ("learned", 2)
 
 
-def test_head_units_is_refused_where_no_head_reads_it():
+@pytest.mark.parametrize("field, value", [("head_units", 1),
+                                          ("head_init", "uniform")])
+def test_head_fields_are_refused_where_no_head_reads_them(field, value):
   c = mahto_lm.get_config("baseline,ptb")
-  c.model.head_units = 1
-  with pytest.raises(ConfigError, match=r"model.head_units=1 is read by the "
-                     r"Dyck tasks' heads only"):
+  c.model[field] = value
+  with pytest.raises(ConfigError, match=rf"model.{field}={value!r} is read "
+                     r"by the Dyck tasks' heads only"):
     make_task(c)
 
 
@@ -547,6 +549,11 @@ def test_mahto_dyck_is_section_3_1_2(model):
   assert c.train.num_epochs == 2000
   cell = make_cells(c.model)[0]
   assert cell.hidden_size == 256 and cell.bias_init == "uniform"
+  assert c.model.head_init == "uniform"     # the head's U(+-1/sqrt(256))
+  c.data.scale, c.num_replicas = 0.002, 1
+  head = make_task(c).init_params(jax.random.key(0))["head"]
+  for w in (head["kernel"], head["bias"]):
+    assert 0 < float(np.abs(w).max()) <= 1 / 16 and float(np.std(w)) > 0
   if model == "mts":
     T = 1.0 / np.log1p(np.exp(-cell.fixed_arrays()["b_f"]))
     np.testing.assert_allclose(np.median(T), scipy.stats.invgamma(1.5)

@@ -71,7 +71,7 @@ def model_config(**overrides) -> ml_collections.ConfigDict:
       embedding_dropout=0.0, input_dropout=0.0, hidden_dropout=0.0,
       output_dropout=0.0, locked_dropout=False, weight_drop=0.0,
       activation_reg=0.0, temporal_activation_reg=0.0,
-      tie_embedding=False, head_units=None,
+      tie_embedding=False, head_units=None, head_init=None,
       # remat: False, True or "dots"; typed `object` so that a command
       # line can give any of them (a bool field refuses "dots")
       tie_projection=False, remat=FieldReference(False, field_type=object),
@@ -153,10 +153,13 @@ def activation_regs(m: ml_collections.ConfigDict) -> tuple[float, float]:
 LM_ONLY_FIELDS = ("tie_embedding", "tie_projection")
 
 
-def head_units(m: ml_collections.ConfigDict) -> dict[str, Any]:
-  """DyckModel's head_units from model.head_units (a run written before
-  the field existed read every unit)."""
-  return {"head_units": m.get("head_units")}
+HEAD_FIELDS = ("head_units", "head_init")
+
+
+def head_fields(m: ml_collections.ConfigDict) -> dict[str, Any]:
+  """DyckModel's head_units / head_init from config.model (a run written
+  before they existed read every unit, flax's default init)."""
+  return {k: m.get(k) for k in HEAD_FIELDS}
 
 
 def refuse_lm_fields(m: ml_collections.ConfigDict, task: str) -> None:

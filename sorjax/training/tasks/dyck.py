@@ -28,7 +28,7 @@ from sorjax.models import DyckModel
 from sorjax.training.tasks.base import (EpochBatches, EpochModelTask,
                                         masked_mean, step_mask)
 from sorjax.training.tasks.common import BATCH_FIELDS, ConfigError, \
-    build_model, check_ints, check_scale, head_units, refuse_lm_fields, \
+    build_model, check_ints, check_scale, head_fields, refuse_lm_fields, \
     trunk_kwargs
 
 _BUCKET_FIELDS = {"num_buckets": 1, "bucket_multiple": 1}
@@ -95,7 +95,7 @@ class DyckLM(EpochModelTask):
     refuse_lm_fields(config.model, self.name)
     self._setup_model(build_model(config.model, lambda cells: DyckModel(
         cells=cells, vocab_size=V, head=self._head,
-        num_outputs=self._num_outputs, **head_units(config.model),
+        num_outputs=self._num_outputs, **head_fields(config.model),
         **trunk_kwargs(config.model))),
                       config, k=self.k)
     train = self.splits["train"][0]
@@ -269,7 +269,7 @@ class DyckPCFGTask(EpochModelTask):
     refuse_lm_fields(config.model, self.name)
     self._setup_model(build_model(config.model, lambda cells: DyckModel(
         cells=cells, vocab_size=self.grammar.vocab_size, head="admissible",
-        num_outputs=self.k, **head_units(config.model),
+        num_outputs=self.k, **head_fields(config.model),
         **trunk_kwargs(config.model))), config, k=self.k)
     train = self.splits["train"]
     self._targets = {s: [self.grammar.closing_targets(x).astype(np.float32)
