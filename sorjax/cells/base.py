@@ -133,7 +133,6 @@ def check_params(where: str, cell: Cell, params: PyTree, input_size: int,
     raise ValueError(f"{where}: params hold {', '.join(extra)}, which "
                      f"{type(cell).__name__} does not use ({made}: "
                      f"{', '.join(want)})")
-  check_param_dtypes(where, params)
 
 
 def check_param_dtypes(where: str, params: PyTree) -> None:

@@ -33,13 +33,6 @@ from sorjax.models.stack import RecurrentTrunk
 HEADS = ("next_token", "admissible", "closing")
 
 
-def _uniform(bound: float):
-  """A flax initializer of U(-bound, bound)."""
-  def init(key, shape, dtype=jnp.float32):
-    return jax.random.uniform(key, shape, dtype, -bound, bound)
-  return init
-
-
 class DyckModel(RecurrentTrunk):
   """Recurrent trunk + one of HEADS.
 
@@ -106,9 +99,11 @@ class DyckModel(RecurrentTrunk):
     if self.head_units is not None:
       h = h[..., :self.head_units]
     init = {}
-    if self.head_init == "uniform":
-      bound = 1.0 / np.sqrt(h.shape[-1])
-      init = dict.fromkeys(("kernel_init", "bias_init"), _uniform(bound))
+    if self.head_init == "uniform":   # U(+-1/sqrt(n)), n = h's width
+      n = h.shape[-1]
+      init = dict.fromkeys(("kernel_init", "bias_init"),
+                           lambda key, shape, dtype=jnp.float32:
+                           base.uniform(key, shape, n, dtype))
     logits = nn.Dense(self.num_classes, param_dtype=self.param_dtype,
                       name="head", **init)(h)
     return logits, carries

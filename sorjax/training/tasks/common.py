@@ -162,6 +162,16 @@ def head_fields(m: ml_collections.ConfigDict) -> dict[str, Any]:
   return {k: m.get(k) for k in HEAD_FIELDS}
 
 
+def refuse_head_fields(m: ml_collections.ConfigDict, task: str) -> None:
+  """ConfigError for the Dyck heads' fields set on another task's model,
+  which does not read them."""
+  for k in HEAD_FIELDS:
+    if m.get(k) is not None:
+      raise ConfigError(f"model.{k}={m[k]!r} is read by the Dyck tasks' "
+                        f"heads only, not the {task} task's model: leave it "
+                        "None")
+
+
 def refuse_lm_fields(m: ml_collections.ConfigDict, task: str) -> None:
   """ConfigError for the language model's output-layer ties set on another
   task's model, which does not read them."""

@@ -40,9 +40,8 @@ from sorjax.models import LanguageModel
 from sorjax.training.config import fields_set
 from sorjax.training.tasks.base import EpochBatches, ModelTask, \
     masked_mean, step_mask
-from sorjax.training.tasks.common import HEAD_FIELDS, ConfigError, \
-    activation_regs, \
-    build_model, check_bools, check_ints, trunk_kwargs
+from sorjax.training.tasks.common import ConfigError, activation_regs, \
+    build_model, check_bools, check_ints, refuse_head_fields, trunk_kwargs
 
 log = logging.getLogger(__name__)
 
@@ -166,11 +165,7 @@ class LanguageModelTask(ModelTask):
   ADDED_FIELDS = ADDED_FIELDS
 
   def __init__(self, config):
-    for k in HEAD_FIELDS:
-      if config.model.get(k) is not None:
-        raise ConfigError(f"model.{k}={config.model[k]!r} is read by the "
-                          "Dyck tasks' heads only, not the lm task's "
-                          "decoder: leave it None")
+    refuse_head_fields(config.model, self.name)
     d = self.data_cfg = config.data
     check_bools(d, ("variable_bptt", "documents"))
     _check_fields(d)
