@@ -25,7 +25,6 @@ from __future__ import annotations
 import json
 import os
 import sys
-import time
 
 import jax
 from absl import app, flags, logging
@@ -82,22 +81,18 @@ def run_fold(config, fold: int, workdir: str) -> dict:
   wd = os.path.join(workdir, f"fold_{fold}")
   cfg = _fold_config(config, fold)
   logging.info("crossval: fold %d of %d in %s", fold, cfg.data.folds, wd)
-  before = sum(_wall_s(os.path.join(wd, name)) for name in (DONE, PARTIAL))
+  before = sum(train.recorded_wall_s(os.path.join(wd, name))
+               for name in (DONE, PARTIAL))
   step0 = _latest_step(wd)
-  t0 = time.perf_counter()
-  try:
+  # WorkdirInUse: another process trains this fold now
+  with train.time_kept(os.path.join(wd, PARTIAL), before,
+                       unless=WorkdirInUse) as wall_s:
     train.train_and_evaluate(cfg, wd)
-  except WorkdirInUse:          # another process trains this fold now
-    raise
-  except BaseException:
-    if os.path.isdir(wd):
-      with open(os.path.join(wd, PARTIAL), "w") as f:
-        json.dump({"wall_s": before + time.perf_counter() - t0}, f)
-    raise
   # a finished fold that trained no further keeps its time
-  spent = (time.perf_counter() - t0 if _latest_step(wd) != step0
-           or not os.path.exists(os.path.join(wd, DONE)) else 0.0)
-  record = {"fold": fold, "workdir": wd, "wall_s": round(before + spent, 1)}
+  trained = (_latest_step(wd) != step0
+             or not os.path.exists(os.path.join(wd, DONE)))
+  record = {"fold": fold, "workdir": wd,
+            "wall_s": round(wall_s() if trained else before, 1)}
   with open(os.path.join(wd, DONE), "w") as f:
     json.dump(record, f, indent=1)
   if os.path.exists(os.path.join(wd, PARTIAL)):
@@ -113,17 +108,6 @@ def _latest_step(wd: str) -> int | None:
   except OSError:
     return None
   return max(steps, default=None)
-
-
-def _wall_s(path: str) -> float:
-  """The wall_s a record at `path` holds, 0 without one."""
-  if not os.path.isfile(path):
-    return 0.0
-  try:
-    with open(path) as f:
-      return float(json.load(f).get("wall_s", 0.0))
-  except (OSError, ValueError, AttributeError, TypeError):
-    return 0.0
 
 
 def _fold_config(config, fold: int):

@@ -124,25 +124,17 @@ def train(ctx: Context, name: str, config: str, string: str,
     # training time over every invocation: an interrupted one leaves its
     # seconds here for the rerun that finishes the run
     partial = os.path.join(wd, "reproduce_partial.json")
-    before = 0.0
-    if os.path.isfile(partial):
-      with open(partial) as f:
-        before = float(json.load(f).get("wall_s", 0.0))
-    t0 = time.perf_counter()
     try:
-      trainer.train_and_evaluate(cfg, wd)
+      with trainer.time_kept(partial, trainer.recorded_wall_s(partial),
+                             unless=ConfigError) as wall_s:
+        trainer.train_and_evaluate(cfg, wd)
     except WorkdirInUse as e:     # another invocation trains it right now
       raise ReproduceError(str(e)) from None
     except ConfigError as e:
       raise ReproduceError(_started_otherwise(wd, ctx, e)) from None
-    except BaseException:
-      if os.path.isdir(wd):
-        with open(partial, "w") as f:
-          json.dump({"wall_s": before + time.perf_counter() - t0}, f)
-      raise
     record = {"name": name, "config": f"{config}.py:{string}",
               "overrides": overrides, "command": command,
-              "wall_s": round(before + time.perf_counter() - t0, 1)}
+              "wall_s": round(wall_s(), 1)}
     with open(done, "w") as f:
       json.dump(record, f, indent=1)
     if os.path.exists(partial):

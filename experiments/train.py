@@ -4,13 +4,16 @@ write the figures the config asks for."""
 from __future__ import annotations
 
 import ast
+import contextlib
 import difflib
 import importlib.util
 import inspect
 import logging as std_logging
 import os
+import json
 import re
 import sys
+import time
 from typing import Any
 
 import jax
@@ -304,6 +307,37 @@ def _check_batch_sharding(config) -> None:
         f"data.batch_size={b} must be a multiple of the {n} local devices "
         f"(the loop splits each batch over them; num_replicas="
         f"{config.num_replicas} is not a multiple of {n})")
+
+
+def recorded_wall_s(path: str) -> float:
+  """The wall_s a JSON record at `path` holds, 0 without one."""
+  if not os.path.isfile(path):
+    return 0.0
+  try:
+    with open(path) as f:
+      return float(json.load(f).get("wall_s", 0.0))
+  except (OSError, ValueError, AttributeError, TypeError):
+    return 0.0
+
+
+@contextlib.contextmanager
+def time_kept(partial: str, before: float = 0.0, unless=()):
+  """Times a training call that may be interrupted: yields a function of
+  the seconds so far plus `before` (earlier invocations'); an exception
+  (but one of `unless`: refusals that trained nothing) leaves that sum in
+  `partial` for the rerun that finishes the run. The caller removes
+  `partial` once it has recorded the total."""
+  t0 = time.perf_counter()
+  total = lambda: before + time.perf_counter() - t0  # noqa: E731
+  try:
+    yield total
+  except unless:
+    raise
+  except BaseException:
+    if os.path.isdir(os.path.dirname(partial)):
+      with open(partial, "w") as f:
+        json.dump({"wall_s": total()}, f)
+    raise
 
 
 def train_and_evaluate(config, workdir: str):
