@@ -267,3 +267,46 @@ def test_a_run_started_with_other_flags_names_them(tmp_path, monkeypatch):
                      r"an earlier invocation with other flags \(holds .*\); "
                      r"rerun with --replicas=3, or remove"):
     reproduce.train(ctx, "run", "lin_dyck", "lstm,m4", {})
+
+
+def test_item_4_trains_table_2s_word_rows_at_the_papers_budget(
+    tmp_path, monkeypatch):
+  """Table 2's word-level rows (rnn 1, lstm 1-2, mm_rnn 1, mm_lstm 1-2) run
+  at the paper's 2M parameters, 64-d embeddings and 35-word windows; the
+  character rows keep their 50k budget and their 2-layer tolerance, and
+  only they get a BPC."""
+  trained = []
+
+  def fake_train(ctx, name, config, string, overrides):
+    trained.append((name, config, string, overrides))
+    return os.path.join(ctx.root, name)
+
+  monkeypatch.setattr(reproduce, "train", fake_train)
+  monkeypatch.setattr(reproduce, "per_replica", lambda wd: [
+      {"loss": 4.8 + 0.01 * r, "perplexity": 121.5, "best_epoch": 2}
+      for r in range(3)])
+  ctx = reproduce.Context(str(tmp_path / "renganathan_ptb"), "cpu", 3)
+  os.makedirs(ctx.root)
+  out = reproduce.item_renganathan(ctx)
+  runs = {name: (config, string, ov) for name, config, string, ov in trained}
+  words = [n for n in runs if n.startswith("word_")]
+  assert words == ["word_rnn", "word_lstm", "word_mm_rnn", "word_mm_lstm",
+                   "word_lstm_2layers", "word_mm_lstm_2layers"]
+  assert runs["word_mm_lstm_2layers"][:2] == ("renganathan_ptb",
+                                              "word,mm_lstm,2")
+  w = runs["word_lstm"][2]
+  assert (w["model.budget"], w["model.embed_size"], w["data.bptt"],
+          w["data.eval_bptt"]) == (2_000_000, 64, 35, 35)
+  assert "model.budget_tol" not in runs["word_mm_lstm_2layers"][2]
+  c = runs["mm_lstm_2layers"][2]
+  assert (c["model.budget"], c["model.embed_size"], c["data.bptt"],
+          c["model.budget_tol"]) == (50_000, 16, 50, 0.03)
+  assert len(runs) == 22 + 6
+  res = out["results"]
+  assert "bpc_from_loss" not in res["word_rnn"]
+  assert res["word_rnn"]["loss"]["mean"] == pytest.approx(4.81)
+  assert res["rnn"]["bpc_from_loss"]["mean"] == pytest.approx(
+      4.81 / np.log(2))
+  assert out["paper"]["ce_2M_2layers"] == {"lstm": 4.770, "mm_lstm": 4.818}
+  assert [os.path.basename(f) for f in out["figures"]] == [
+      "bpc.png", "cutoff_bpc.png", "word_loss.png"]
