@@ -39,7 +39,8 @@ flags.DEFINE_integer("compare_replica", 0, "The second run's replica (the "
 flags.DEFINE_list("labels", None, "Names of the run and the compared run "
                   "in figures (default: the directories' names).")
 flags.DEFINE_string("split", None, "Split to analyse (default: the task's "
-                    "test split; gradient_ratio: train).")
+                    "test split; ldpa: dev and test; gradient_ratio: "
+                    "train).")
 flags.DEFINE_list("pairs", [], "minimal_pairs: JSONL files, directories of "
                   "*.jsonl[.gz], or 'blimp'.")
 flags.DEFINE_string("category_field", "UID", "minimal_pairs: the JSONL "
@@ -55,14 +56,17 @@ flags.DEFINE_integer("seed", 0, "frequency: bootstrap seed.")
 flags.DEFINE_integer("max_tokens", None, "timescales, word_ablation: at most "
                      "this many tokens of an LM split.")
 flags.DEFINE_integer("max_sequences", None, "timescales, word_ablation: at "
-                     "most this many sequences of a Dyck split.")
+                     "most this many sequences of a Dyck split (lines of a "
+                     "data.documents LM; for word_ablation also windows of "
+                     "an LM stream, 256 by default).")
 flags.DEFINE_integer("max_trees", 1000, "gradient_ratio: trees per epoch.")
 flags.DEFINE_integer("position", 0, "word_ablation: the ablated position.")
 flags.DEFINE_string("data_dir", None, "minimal_pairs with blimp: TFDS "
                     "data_dir.")
 flags.DEFINE_string("out", None, "Output directory (default RUN/analysis, "
-                    "or RUN/analysis/<step>-replica_<r> for another "
-                    "checkpoint or replica).")
+                    "or a folder in it named for another checkpoint or "
+                    "replica: latest, step_300, replica_1, "
+                    "latest-replica_1).")
 
 
 # Flags read by some analyses only: one given to none of the chosen ones is

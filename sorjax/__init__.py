@@ -2,7 +2,7 @@
 
     sorjax.cells      the cell zoo (pure functions), `make(name, ...)`
     sorjax.unroll     run a cell over time; `unroll_layers` for stacks
-    sorjax.trees      level-wise recursion over binary trees
+    sorjax.trees      bottom-up recursion over batches of binary trees
     sorjax.models     flax.linen models (language model, Dyck heads, trees)
     sorjax.linen      any cell as a flax.linen.RNNCellBase
     sorjax.budget     parameter counts and budget-matching sizes

@@ -5,7 +5,7 @@ The papers compare models at equal parameter counts: Maupome & Meurs
 fixed |m|/|h|); Renganathan & Singh (Table 1, 5.3) keep 4.5M parameters for
 PTB characters (E = 128) and 2M for PTB words (E = 64). The latter count
 the whole model: their sizes only reach 4.5M / 2M with the embedding and the
-softmax layer included (e.g. a word-level LSTM with h = 125 has 94.5k
+softmax layer included (e.g. a word-level LSTM with h = 125 has 95k
 recurrent parameters, 640k in the embedding and 1.26M in the decoder), so
 `solve` on a model counts embedding + layers + decoder; it reproduces their
 Table 1 sizes for RNN, LSTM, mmRNN and (with 4 choice matrices per gate)
@@ -112,8 +112,9 @@ def count_model_params(model: RecurrentTrunk) -> ModelCount:
       head = V + (H * E if H != E else 0)
     else:
       head = H * V + V
-  else:
-    head = H * model.num_classes + model.num_classes
+  else:  # the head reads the last layer's first head_units units
+    n = H if model.head_units is None else model.head_units
+    head = n * model.num_classes + model.num_classes
   return ModelCount(learned, layers, head, frozen)
 
 

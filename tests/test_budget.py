@@ -120,6 +120,10 @@ MODELS = {
                               head="closing", num_outputs=2),
     "dyck_admissible": DyckModel([lstm(6)], vocab_size=6, embed_size=3,
                                  head="admissible", num_outputs=4),
+    # the head reads the first head_units units (Renganathan's stack top)
+    "dyck_head_units": DyckModel([lstm(6)], vocab_size=6, embed_size=3,
+                                 head="closing", num_outputs=2,
+                                 head_units=1),
 }
 
 
@@ -152,6 +156,19 @@ def test_fixed_cell_embedding_is_not_counted():
   assert c.layers == (1 + 4,)  # W_proj [1, 1], W_hx [1, 4]
   assert c.total == init_count(model.init(jax.random.key(0),
                                           jnp.zeros((1, 2), jnp.int32)))
+
+
+@pytest.mark.parametrize("m", [4, 6, 8])
+def test_renganathan_dyck_rnn_counts_read_the_stack_top(m):
+  """docs/EXPERIMENTS.md: 9 / 11 / 13 parameters for m = 4 / 6 / 8, the
+  head's affine map of the top element 4 (head_units=1), W_proj 1, W_hx m."""
+  cell = make_or_skip("dyck_rnn", hidden_size=m)
+  model = DyckModel([cell], vocab_size=6, embedding="cell", head="closing",
+                    num_outputs=2, head_units=1)
+  c = budget.count_model_params(model)
+  assert (c.layers, c.head) == ((1 + m,), 1 * 2 + 2)
+  assert budget.count(model) == 5 + m == init_count(model.init(
+      jax.random.key(0), jnp.zeros((1, 2), jnp.int32)))
 
 
 # ---------------------------------------------------------------- solver

@@ -8,9 +8,11 @@ sec. 2) and x_root the root node's vector p (what the classifier reads).
 ratio << 1: the error signal vanishes on its way down to the keyword;
 >> 1: it explodes.
 
-The paper records the ratios while training; here they are recomputed from
-the run's end-of-epoch checkpoints (keep them all with
-train.keep_checkpoints >= train.num_epochs) and from the initial params
+The paper records the ratios while training; the trees task logs their
+medians per depth after every epoch (`metrics.jsonl`, split
+"epoch_metrics"), and here they are recomputed from the run's end-of-epoch
+checkpoints (keep them all with train.keep_checkpoints >=
+train.num_epochs) and from the initial params
 (epoch 0), on the first `max_trees` trees of a split (the training trees,
 as the paper, by default). A checkpoint holds the params at the end of its
 epoch, so epoch e's ratios are those the next epoch's first steps see.

@@ -33,7 +33,11 @@ from sorjax.cells import base
 
 @dataclasses.dataclass(frozen=True)
 class General2:
-  """Eq. 9; use_D / use_E keep the first-order terms D x_t / E h_{t-1}."""
+  """Eq. 9; use_D / use_E keep the first-order terms D x_t / E h_{t-1}.
+
+  Hyperparameters: hidden_size, intermediate_size (|m|), use_D, use_E,
+  activation ("tanh" or "identity").
+  """
   hidden_size: int
   intermediate_size: int
   use_D: bool = True

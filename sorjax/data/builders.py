@@ -22,7 +22,8 @@ needs the internet). A manual_dir that is given but lacks the files, or a
 `$SORJAX_DATA_DIR` that does not exist, is an error, never skipped.
 
 Checksums: `checksums.tsv` next to each builder (the TFDS format: url, size,
-sha256, file name) gives the size and sha256 of each file's content; a
+sha256, file name; or the builder's `FILES`, as sst's) gives the size and
+sha256 of each file's content; a
 gzipped copy is checked by its decompressed content. A mismatch raises
 `ChecksumError` naming the file, unless the builder is made with
 `verify_checksums=False` (e.g. for a fixture or a patched copy).

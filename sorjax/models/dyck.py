@@ -13,7 +13,8 @@
                        state vector, apply an affine transformation and pass
                        it through a softmax").
 
-Every head is an affine map [H, num_outputs] + [num_outputs] named "head";
+Every head is an affine map [H, num_outputs] + [num_outputs] named "head"
+(H: the last layer's size, or `head_units` when the head reads fewer);
 `probabilities` turns its logits into the head's distribution.
 """
 

@@ -312,7 +312,9 @@ class DyckPCFGTask(EpochModelTask):
     return jax.nn.sigmoid(logits), logits
 
   def predictions(self, params, split, temperature):
-    """Yields (sequence index array, batch, probabilities [B, T, k])."""
+    """Yields (batch, its arrays {inputs, targets, lengths}, probabilities
+    [B, T, k], logits [B, T, k]) over a split; `batch.index` holds each
+    row's sequence index (-1 for a filler row)."""
     b = batching.SequenceBatcher(self.splits[split], self.eval_batch_size,
                                  shuffle=False, multiple=16)
     for batch in b:
