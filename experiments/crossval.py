@@ -32,7 +32,7 @@ from absl import app, flags, logging
 from experiments import train
 from experiments.results import (ResultsError, fold_stats, per_replica,
                                  replica_means)
-from sorjax.checks import output_dir_problem
+from sorjax.checks import WriteError, output_dir_problem, write_text
 from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
 from sorjax.training.workdir_lock import WorkdirInUse
@@ -93,8 +93,7 @@ def run_fold(config, fold: int, workdir: str) -> dict:
              or not os.path.exists(os.path.join(wd, DONE)))
   record = {"fold": fold, "workdir": wd,
             "wall_s": round(wall_s() if trained else before, 1)}
-  with open(os.path.join(wd, DONE), "w") as f:
-    json.dump(record, f, indent=1)
+  write_text(os.path.join(wd, DONE), json.dumps(record, indent=1))
   if os.path.exists(os.path.join(wd, PARTIAL)):
     os.remove(os.path.join(wd, PARTIAL))
   return record
@@ -229,8 +228,9 @@ def crossval(config, workdir: str, chosen=None) -> dict:
   runs = [run_fold(config, f, workdir) for f in folds]
   summary = {"config": json.loads(config.to_json()), "runs": runs,
              **summarise_folds(workdir, config)}
-  with open(os.path.join(workdir, "crossval.json"), "w") as f:
-    json.dump(summary, f, indent=1)
+  # whole or not at all: a failed rewrite keeps the earlier summary
+  write_text(os.path.join(workdir, "crossval.json"),
+             json.dumps(summary, indent=1))
   return summary
 
 
@@ -246,7 +246,7 @@ def main(argv):
   workdir = os.path.expanduser(FLAGS.workdir)
   try:
     s = crossval(FLAGS.config, workdir, FLAGS.folds)
-  except (CrossvalError, ResultsError, ConfigError) as e:
+  except (CrossvalError, ResultsError, ConfigError, WriteError) as e:
     logging.error("crossval error: %s", e)
     sys.exit(f"crossval error: {e}")
   except Interrupted as e:

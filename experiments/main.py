@@ -16,6 +16,7 @@ from ml_collections import config_flags
 
 from experiments import train
 from sorjax import host_memory
+from sorjax.checks import WriteError
 from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
 
@@ -99,6 +100,9 @@ def main(argv):
   except ConfigError as e:
     logging.error("config error: %s", e)
     sys.exit(f"config error: {e}")
+  except WriteError as e:  # a full disk: names the file and what is kept
+    logging.error("write error: %s", e)
+    sys.exit(f"write error: {e}")
   except Interrupted as e:
     e.exit()
 

@@ -21,7 +21,7 @@ from absl import logging
 
 from sorjax import host_memory, small_loops, xla_flags
 from sorjax.checks import (check_bool, check_int, check_number,
-                           output_dir_problem)
+                           output_dir_problem, write_text)
 from sorjax.training.loop import Trainer
 from sorjax.training.tasks import make_task
 from sorjax.training.tasks.common import ConfigError, check_ints, check_layers
@@ -335,8 +335,10 @@ def time_kept(partial: str, before: float = 0.0, unless=()):
     raise
   except BaseException:
     if os.path.isdir(os.path.dirname(partial)):
-      with open(partial, "w") as f:
-        json.dump({"wall_s": total()}, f)
+      try:  # whole or not at all; a failure (a full disk) hides no error
+        write_text(partial, json.dumps({"wall_s": total()}))
+      except OSError as e:
+        logging.warning("training seconds not kept: %s", e)
     raise
 
 

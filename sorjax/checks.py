@@ -8,6 +8,7 @@ ConfigError). A bool is never a number here: True would pass as 1.
 
 from __future__ import annotations
 
+import contextlib
 import math
 import numbers
 import os
@@ -86,3 +87,45 @@ def output_dir_problem(path: str) -> str | None:
     return f"cannot make a folder in {probe} ({e.strerror or e})"
   os.rmdir(made)
   return None
+
+
+class WriteError(OSError):
+  """A file of a run (a checkpoint, metrics.jsonl, a result) could not be
+  written: a full disk, a read-only or vanished folder. Its message names
+  the file and what is kept."""
+
+
+def write_error(message: str, cause: BaseException) -> WriteError:
+  """A WriteError reading `message`, with the errno of `cause` (an
+  OSError's; None for others)."""
+  err = WriteError(message)
+  err.errno = getattr(cause, "errno", None)
+  return err
+
+
+def write_whole(path: str, write: Callable[[str], Any],
+                kept: str = "") -> str:
+  """Writes `path` whole or not at all: `write(tmp)` fills a temporary
+  file beside it, which then replaces `path`. A full disk (or any OSError,
+  or a kill) mid-write leaves an earlier `path` as it was and no temporary
+  file behind; the failure is a WriteError naming `path` (and `kept`, what
+  the caller keeps). Returns `path`."""
+  tmp = f"{path}.{os.getpid()}.tmp"
+  try:
+    write(tmp)
+    os.replace(tmp, path)
+  except OSError as e:
+    with contextlib.suppress(OSError):
+      os.remove(tmp)
+    was = " (its earlier version is kept)" if os.path.exists(path) else ""
+    raise write_error(f"cannot write {path}{was}: {e.strerror or e}{kept}",
+                      e) from None
+  return path
+
+
+def write_text(path: str, text: str, kept: str = "") -> str:
+  """`write_whole` of a UTF-8 text."""
+  def write(tmp):
+    with open(tmp, "w", encoding="utf-8") as f:
+      f.write(text)
+  return write_whole(path, write, kept)

@@ -151,8 +151,8 @@ class CheckpointReader:
 def default_out(run) -> str:
   """RUN/analysis for the best checkpoint of replica 0, else a folder in
   it named for the checkpoint and replica (`latest`, `step_300`,
-  `best-replica_1`), so analyses of other checkpoints or seeds do not
-  replace each other's files."""
+  `replica_1` for the best one's, `latest-replica_1`), so analyses of
+  other checkpoints or seeds do not replace each other's files."""
   parts = []
   checkpoint = getattr(run, "checkpoint", "best")
   if checkpoint != "best":
@@ -204,13 +204,10 @@ def jsonable(obj):
 
 
 def write_json(path: str, obj) -> str:
-  """Writes `obj` as indented JSON (atomically); returns the path."""
-  tmp = f"{path}.{os.getpid()}.tmp"
-  with open(tmp, "w", encoding="utf-8") as f:
-    json.dump(jsonable(obj), f, indent=2, allow_nan=False)
-    f.write("\n")
-  os.replace(tmp, path)
-  return path
+  """Writes `obj` as indented JSON (whole or not at all: a failed write
+  keeps an earlier file and names this one); returns the path."""
+  return checks.write_text(path, json.dumps(jsonable(obj), indent=2,
+                                            allow_nan=False) + "\n")
 
 
 def figure(ncols: int = 1, nrows: int = 1, size=(6.0, 3.5)):
@@ -221,9 +218,12 @@ def figure(ncols: int = 1, nrows: int = 1, size=(6.0, 3.5)):
 
 
 def save(fig: Figure, path: str, dpi: int = 120) -> str:
+  """Writes `fig` to `path` (its format from the extension), whole or not
+  at all: a failed write keeps an earlier figure and names this one."""
   fig.tight_layout()
-  fig.savefig(path, dpi=dpi)
-  return path
+  fmt = os.path.splitext(path)[1][1:] or None
+  return checks.write_whole(path, lambda tmp: fig.savefig(tmp, dpi=dpi,
+                                                          format=fmt))
 
 
 class Progress:

@@ -22,6 +22,7 @@ from sorjax.analysis.common import (MULTI_CELL_LSTMS, AnalysisError,
                                     require_layers, require_task, temperature,
                                     write_json)
 from sorjax.analysis.common import splits as task_splits
+from sorjax.checks import write_text
 from sorjax.runs import check_temperature
 
 
@@ -181,9 +182,8 @@ def _check_text(name, run, text):
 def _heatmap(run, out, o, src, _):
   res = attention.attention_map(run, o.split, text=o.sentence,
                                 tau=o.temperature)
-  html_path = _path(out, "attention_heatmap.html")
-  with open(html_path, "w", encoding="utf-8") as f:
-    f.write(attention.heatmap_html(res))
+  html_path = write_text(_path(out, "attention_heatmap.html"),
+                         attention.heatmap_html(res))
   return [_json(out, "attention_heatmap.json", res, src), html_path,
           attention.plot_heatmap(res, _path(out, "attention_heatmap.png"))]
 
@@ -255,10 +255,8 @@ def _check_token_losses(runs, o):
 def _word_position(run, out, o, src, _):
   res = characters.position_losses(run, o.split, tau=o.temperature)
   ex = characters.prediction_examples(run, o.split, tau=o.temperature)
-  with open(_path(out, "prediction_examples.txt"), "w",
-            encoding="utf-8") as f:
-    for e in ex["examples"]:
-      f.write(f"{e['text']}\n{e['predicted']}\n\n")
+  write_text(_path(out, "prediction_examples.txt"), "".join(
+      f"{e['text']}\n{e['predicted']}\n\n" for e in ex["examples"]))
   return [_json(out, "word_position.json", res, src),
           characters.plot_positions(res, _path(out, "word_position.png")),
           _json(out, "prediction_examples.json", ex, src),

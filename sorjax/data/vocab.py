@@ -221,8 +221,14 @@ class Vocab:
                "unk": self.unk, "symbols": list(self.symbols),
                "counts": None if self.counts is None else list(self.counts)}
     tmp = path.parent / f"{path.name}.{os.getpid()}.tmp"  # per writer
-    tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=0))
-    tmp.replace(path)  # over an existing file too (a resumed run)
+    try:
+      tmp.write_text(json.dumps(payload, ensure_ascii=False, indent=0))
+      tmp.replace(path)  # over an existing file too (a resumed run)
+    except OSError as e:  # a full disk: name the file, leave no tmp
+      if tmp.exists():
+        tmp.unlink()
+      raise checks.write_error(
+          f"Vocab.save: cannot write {path}: {e.strerror or e}", e) from None
     return path
 
   @classmethod

@@ -14,14 +14,52 @@ mixes with latest-N in ways that are hard to read).
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
+import shutil
 from typing import Any
 
 import jax
 import orbax.checkpoint as ocp
 
-from sorjax.checks import check_int, is_int
+from sorjax.checks import check_int, is_int, write_error
+
+# <dir>/.replaced-<step>: a step's earlier save, kept while the step is
+# saved again (orbax saves no step twice) and dropped once the new save is
+# complete; orbax lists no such folder as a step.
+_REPLACED = ".replaced-"
+
+
+def _reason(e: BaseException) -> str:
+  """An orbax / tensorstore error's message without tensorstore's ~1 KB
+  spec."""
+  reason = e.args[0] if isinstance(e, KeyError) and e.args else str(e)
+  return str(reason).split(" [tensorstore_spec=")[0][:300]
+
+
+def _complete_steps(folder: str) -> list[int]:
+  """The steps orbax finished saving in `folder` (its int-named folders;
+  a save in progress or cut short is named `<step>.orbax-checkpoint-tmp`)."""
+  try:
+    return sorted(int(n) for n in os.listdir(folder) if n.isdigit())
+  except OSError:
+    return []
+
+
+def _put_back_replaced(folder: str) -> None:
+  """Finishes a save of an existing step that was cut short (a kill): the
+  step's earlier save goes back where it was unless the new one is there."""
+  try:
+    names = [n for n in os.listdir(folder) if n.startswith(_REPLACED)]
+  except OSError:
+    return
+  for name in names:
+    aside, step = os.path.join(folder, name), name[len(_REPLACED):]
+    if os.path.isdir(os.path.join(folder, step)):
+      shutil.rmtree(aside, ignore_errors=True)
+    else:
+      os.rename(aside, os.path.join(folder, step))
 
 
 def _entries(tree: Any) -> dict[str, tuple | None]:
@@ -47,6 +85,7 @@ class _ReadOnlyNotice(logging.Filter):
 
 def _manager(path: str, keep: int, read_only: bool = False):
   if not read_only:
+    _put_back_replaced(path)
     return ocp.CheckpointManager(path, options=ocp.CheckpointManagerOptions(
         max_to_keep=keep, create=True))
   # what orbax sets (and warns about) for read_only, set here
@@ -77,22 +116,68 @@ class Checkpointer:
                               meta=ocp.args.JsonSave(meta))
 
   def save(self, step: int, state: Any, meta: dict) -> None:
-    """Saves a resumable checkpoint (replacing one at the same step)."""
-    if step in self._latest.all_steps():  # e.g. end of epoch after a periodic save
-      self._latest.wait_until_finished()
-      self._latest.delete(step)
-    self._latest.save(step, args=self._args(state, meta))
+    """Saves a resumable checkpoint (replacing one at the same step, e.g.
+    at an epoch's end after a periodic save), once any best save has
+    completed: its meta records that best (best_mean), and a resume from
+    it after a best save failed in the background kept an older best/
+    for good, unnamed."""
+    with self._saving(self._best):
+      self._best.wait_until_finished()
+    self._save(self._latest, step, state, meta)
 
   def save_best(self, step: int, state: Any, meta: dict) -> None:
     """Saves `state` as the best so far (the previous best is dropped)."""
-    if step in self._best.all_steps():
-      self._best.wait_until_finished()
-      self._best.delete(step)
-    self._best.save(step, args=self._args(state, meta))
+    self._save(self._best, step, state, meta)
+
+  def _save(self, mngr, step: int, state: Any, meta: dict) -> None:
+    """Saves in the background; a step saved before is saved again while
+    its earlier save waits aside (`_REPLACED`), then dropped, so a save
+    that fails (a full disk) keeps it: deleting it first left a run with
+    keep=1 no checkpoint, and its rerun started over."""
+    with self._saving(mngr):
+      if step not in mngr.all_steps():
+        mngr.save(step, args=self._args(state, meta))
+        return
+      mngr.wait_until_finished()
+      folder = str(mngr.directory)
+      path = os.path.join(folder, str(step))
+      aside = os.path.join(folder, f"{_REPLACED}{step}")
+      os.rename(path, aside)
+      mngr.reload()
+      try:
+        mngr.save(step, args=self._args(state, meta))
+        mngr.wait_until_finished()
+      except BaseException:
+        if not os.path.isdir(path):
+          os.rename(aside, path)
+          mngr.reload()
+        raise
+      shutil.rmtree(aside, ignore_errors=True)
+
+  @contextlib.contextmanager
+  def _saving(self, mngr):
+    """Orbax's error for a save that failed (raised by the next save or
+    wait, as saves run in the background), as a WriteError naming the
+    folder and the last complete checkpoint there."""
+    try:
+      yield
+    except (OSError, ValueError, RuntimeError) as e:
+      latest = os.path.join(self.workdir, "checkpoints")
+      steps = _complete_steps(latest)
+      kept = (f"{latest}/{steps[-1]} is its last complete checkpoint: free "
+              "space (or make the folder writable) and run the same "
+              "command again to resume from it" if steps else
+              f"{latest} holds no complete checkpoint: the same command "
+              "starts it again")
+      raise write_error(
+          f"saving a checkpoint in {mngr.directory} failed ({_reason(e)}); "
+          f"the run stops here and {kept}", e) from None
 
   def wait(self) -> None:
-    self._latest.wait_until_finished()
-    self._best.wait_until_finished()
+    with self._saving(self._latest):
+      self._latest.wait_until_finished()
+    with self._saving(self._best):
+      self._best.wait_until_finished()
 
   def close(self) -> None:
     self._latest.close()
@@ -134,7 +219,11 @@ class Checkpointer:
   def restore_meta(self, step="latest") -> tuple[int, dict]:
     """(step, meta) without touching the arrays."""
     mngr, s = self._resolve(step)
-    out = mngr.restore(s, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))
+    try:
+      out = mngr.restore(s, args=ocp.args.Composite(
+          meta=ocp.args.JsonRestore()))
+    except (KeyError, ValueError, OSError) as e:  # meta cut short, missing
+      raise self._damaged(mngr, s, e) from None
     return s, out["meta"]
 
   def restore(self, target: Any, step="latest") -> tuple[int, Any, dict]:
@@ -151,15 +240,10 @@ class Checkpointer:
     except (KeyError, ValueError, OSError) as e:
       # orbax names a missing item, tensorstore a missing or short file
       # (after a ~1 KB spec); neither says which checkpoint.
-      reason = (e.args[0] if isinstance(e, KeyError) and e.args else str(e))
-      reason = str(reason).split(" [tensorstore_spec=")[0][:300]
+      reason = _reason(e)
       if "not compatible with the stored shape" in reason:
         raise self._other_shapes(where, reason.split(". Truncating")[0])
-      others = [t for t in self._steps() if t != s]
-      raise ValueError(
-          f"checkpoint {where} cannot be read; it is incomplete or damaged "
-          f"({reason}). Other steps: {others or 'none'} (restore one of "
-          "them, or delete this one to resume training from them)") from None
+      raise self._damaged(mngr, s, e) from None
     wrong = [f"{jax.tree_util.keystr(k)} {tuple(g.shape)} (expected "
              f"{tuple(w.shape)})" for (k, g), w in zip(
                  jax.tree_util.tree_leaves_with_path(out["state"]),
@@ -198,6 +282,16 @@ class Checkpointer:
              if stored[k] is not None and stored[k] != want[k]]
     if wrong:
       raise self._other_shapes(where, "; ".join(wrong[:4]))
+
+  def _damaged(self, mngr, s: int, e: BaseException) -> ValueError:
+    """Checkpoint `s` of `mngr` cannot be read: a ValueError naming it,
+    orbax's reason and the other steps."""
+    others = [t for t in self._steps() if t != s]
+    return ValueError(
+        f"checkpoint {os.path.join(str(mngr.directory), str(s))} cannot be "
+        f"read; it is incomplete or damaged ({_reason(e)}). Other steps: "
+        f"{others or 'none'} (restore one of them, or delete this one to "
+        "resume training from them)")
 
   def _other_shapes(self, where: str, detail: str) -> ValueError:
     return ValueError(

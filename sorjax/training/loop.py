@@ -36,6 +36,7 @@ import numpy as np
 from absl import logging
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from sorjax.checks import write_text
 from sorjax.training import asgd, interrupt, workdir_lock
 from sorjax.training.checkpoint import Checkpointer
 from sorjax.training.config import base_config, fields_set
@@ -264,8 +265,9 @@ class Trainer:
   """Builds the step and runs epochs for a task and a config.
 
   config fields read here: seed, num_replicas, optim.*, plateau.*,
-  early_stopping.patience (epochs without improving the first eval
-  split's loss) and .stop_below (stop once it is below, every replica),
+  selection.* (the first eval split's metric that picks `best/`),
+  early_stopping.patience (epochs without improving that metric) and
+  .stop_below (stop once the loss is below, every replica),
   nt_asgd.nonmono, temperature.*, train.*
   (num_epochs, max_steps, log_every, checkpoint_every, keep_checkpoints).
   """
@@ -428,8 +430,10 @@ class Trainer:
         raise
     # Written once the checkpoint has been read: a resume refused on the
     # way leaves the run's files as they were (sorjax.restore reads them).
-    with open(os.path.join(self.workdir, "config.json"), "w") as f:
-      json.dump(_to_dict(cfg), f, indent=2, sort_keys=True)
+    # Whole or not at all: a failed rewrite (a full disk) keeps the one
+    # the checkpoints were trained with.
+    write_text(os.path.join(self.workdir, "config.json"), json.dumps(
+        _to_dict(cfg), indent=2, sort_keys=True))
     if task.vocab is not None and hasattr(task.vocab, "save"):
       task.vocab.save(os.path.join(self.workdir, "vocab.json"))
     if resuming:
@@ -727,6 +731,22 @@ def _truncate_metrics(workdir: str, step: int, mid_epoch: bool = False
       return rec["step"] < step
     return step > 0 and (not mid_epoch or rec.get("split") == "train")
 
-  keep = [l for l in lines if l.strip() and kept(json.loads(l))]
-  with open(path, "w", encoding="utf-8") as f:
-    f.writelines(keep)
+  keep = []
+  for i, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      rec = json.loads(line)
+    except json.JSONDecodeError as e:
+      if i == len(lines) and not line.endswith("\n"):
+        # the last write of a run stopped mid-line (a full disk): after
+        # its last checkpoint, as every line that run wrote after it
+        logging.warning("%s:%d: dropped a line cut short by the run that "
+                        "wrote it: %r", path, i, line[:80])
+        continue
+      raise ValueError(f"{path}:{i}: not a JSON line ({e}); repair or "
+                       "delete that line to resume the run") from None
+    if kept(rec):
+      keep.append(line)
+  if keep != lines:  # written whole: a failed write keeps the old file
+    write_text(path, "".join(keep), "; the run has not resumed")

@@ -15,6 +15,8 @@ from typing import Mapping
 
 import numpy as np
 
+from sorjax.checks import write_error
+
 
 def _scalar(v) -> float:
   v = np.asarray(v)
@@ -33,28 +35,48 @@ class MetricWriter:
   def __init__(self, workdir: str, tensorboard: bool = True):
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, "metrics.jsonl")
-    self._file = open(self.path, "a", encoding="utf-8")
-    self._tb = None
+    # unbuffered: a line that fails to be written (a full disk) is not
+    # kept in a buffer to be written, or fail again, at close
+    self._file = open(self.path, "ab", buffering=0)
+    self._tb, self._failed = None, False
+    self._tb_dir = os.path.join(workdir, "tensorboard")
     if tensorboard:
       from tensorboardX import SummaryWriter  # only when wanted
-      self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      self._tb = SummaryWriter(self._tb_dir)
 
   def write(self, step: int, split: str, scalars: Mapping[str, float]):
     values = {k: _scalar(v) for k, v in scalars.items()}
     record = {"step": int(step), "split": split, "time": time.time(), **values}
-    self._file.write(json.dumps(
-        record, allow_nan=True) + "\n")
-    self._file.flush()
+    line = memoryview((json.dumps(record, allow_nan=True) + "\n").encode())
+    try:
+      while line:
+        line = line[self._file.write(line):]
+    except OSError as e:  # a full disk: the line may be cut short
+      raise self._error(self.path, e) from None
     if self._tb is not None:
-      for k, v in values.items():
-        if math.isfinite(v):
-          self._tb.add_scalar(f"{split}/{k}", v, int(step))
-      self._tb.flush()
+      try:
+        for k, v in values.items():
+          if math.isfinite(v):
+            self._tb.add_scalar(f"{split}/{k}", v, int(step))
+        self._tb.flush()
+      except OSError as e:
+        raise self._error(self._tb_dir, e) from None
+
+  def _error(self, path: str, e: OSError):
+    self._failed = True
+    return write_error(
+        f"cannot append to {path}: {e.strerror or e}; the run stops here "
+        "and its checkpoints keep the last good state (rerunning the same "
+        "command resumes from it)", e)
 
   def close(self):
     self._file.close()
     if self._tb is not None:
-      self._tb.close()
+      try:
+        self._tb.close()
+      except OSError as e:  # once a write has failed: that error stands
+        if not self._failed:
+          raise self._error(self._tb_dir, e) from None
 
   def __enter__(self):
     return self

@@ -130,6 +130,28 @@ def test_load_missing_file(tmp_path):
     Vocab.load(tmp_path / "nothing.json")
 
 
+def test_a_failed_save_names_the_file_and_keeps_the_earlier_one(
+    tmp_path, monkeypatch):
+  """A full disk mid-write: an error naming vocab.json (it named none),
+  the earlier file as it was and no temporary file left beside it."""
+  from etils import epath
+  v = Vocab.build(LINES)
+  path = v.save(tmp_path / "vocab.json")
+  before = path.read_text()
+
+  def full(self, text, *args, **kwargs):
+    with open(self, "w") as f:
+      f.write(text[:7])
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(type(epath.Path(tmp_path)), "write_text", full)
+  with pytest.raises(OSError, match=r"Vocab.save: cannot write .*vocab.json:"
+                     r" No space left on device"):
+    Vocab.build(LINES[:1]).save(path)
+  monkeypatch.undo()
+  assert path.read_text() == before
+  assert os.listdir(tmp_path) == ["vocab.json"]
+
+
 def test_saved_file_is_plain_json(tmp_path):
   v = Vocab.build(LINES)
   data = json.loads((v.save(tmp_path / "v.json")).read_text())

@@ -113,6 +113,29 @@ def test_sigint_saves_the_step_and_exits_130_without_a_traceback(tmp_path):
   assert max(map(int, os.listdir(workdir / "checkpoints"))) == step
 
 
+def test_a_write_error_exits_with_its_message_without_a_traceback(tmp_path):
+  """A full disk stops training with a WriteError naming the file and
+  what is kept (here raised by a stand-in for the training): the binary
+  exits with that message, as with a config error, not a traceback."""
+  code = (
+      "import runpy, sys\n"
+      "from experiments import train\n"
+      "from sorjax.checks import WriteError\n"
+      "def full(*a):\n"
+      "  raise WriteError('cannot append to X/metrics.jsonl: No space left "
+      "on device')\n"
+      "train.train_and_evaluate = full\n"
+      f"sys.argv = {argv(CONFIG, tmp_path / 'run')!r}\n"
+      "runpy.run_module('experiments.main', run_name='__main__')\n")
+  res = subprocess.run([sys.executable, "-c", code], cwd=ROOT,
+                       capture_output=True, text=True, timeout=300)
+  assert res.returncode == 1, res.stderr[-2000:]
+  assert "Traceback" not in res.stderr
+  assert res.stderr.splitlines()[-1] == (
+      "write error: cannot append to X/metrics.jsonl: No space left on "
+      "device")
+
+
 def test_none_and_literal_overrides_are_taken_out_and_the_last_flag_wins():
   argv = ["main", "--config=c.py", "--config.model.intermediate_size=None",
           "--config.seed=None", "--config.seed=3", "--config.a[0]=None",

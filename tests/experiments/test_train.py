@@ -194,6 +194,44 @@ def test_launcher_flag_errors_exit_with_a_message(monkeypatch):
     train.prepare_or_exit("default", False, 2)
 
 
+def test_seconds_an_interrupted_run_keeps_hide_no_error(tmp_path,
+                                                      monkeypatch):
+  """time_kept writes an interrupted run's seconds on its way out; on a
+  full disk that write raised its own OSError in place of the run's error
+  (an Interrupted then left a traceback, not the launcher's exit) and left
+  the file cut short, read back as 0 s. Now the error passes unchanged
+  and the earlier seconds stay."""
+  import builtins
+
+  class Torn:
+    def __init__(self, f):
+      self.f = f
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      self.f.close()
+
+    def write(self, text):
+      self.f.write(text[:5])
+      raise OSError(28, "No space left on device")
+
+  partial = str(tmp_path / "reproduce_partial.json")
+  with open(partial, "w") as f:
+    json.dump({"wall_s": 5.0}, f)
+  real_open = builtins.open
+  monkeypatch.setattr(builtins, "open", lambda file, mode="r", *a, **k: (
+      Torn(real_open(file, mode, *a, **k)) if "w" in mode
+      else real_open(file, mode, *a, **k)))
+  with pytest.raises(KeyboardInterrupt):
+    with train.time_kept(partial, train.recorded_wall_s(partial)):
+      raise KeyboardInterrupt
+  monkeypatch.undo()
+  assert train.recorded_wall_s(partial) == 5.0
+  assert os.listdir(tmp_path) == ["reproduce_partial.json"]
+
+
 def test_a_selection_metric_the_task_lacks_fails_before_training(tmp_path):
   cfg = tiny_dyck.get_config()
   cfg.selection.metric, cfg.selection.mode = "accuracy", "max"

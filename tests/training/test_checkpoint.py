@@ -1,4 +1,6 @@
+import os
 import re
+import shutil
 
 import jax.numpy as jnp
 import numpy as np
@@ -115,3 +117,62 @@ def test_reading_a_run_logs_no_warnings(tmp_path, caplog):
   assert (step, meta["epoch"]) == (3, 1)
   assert [r.getMessage() for r in caplog.records
           if r.levelname == "WARNING"] == []
+
+
+def test_saving_a_step_again_replaces_it_and_a_failure_keeps_it(
+    tmp_path, monkeypatch):
+  """A step saved again (an epoch's end after a periodic save) replaces
+  the earlier save once the new one is complete; a save that fails (a
+  full disk) keeps it, as a WriteError naming the folder and the last
+  complete checkpoint. The earlier save waits aside while the new one is
+  written; a process killed meanwhile leaves it there, and the next
+  writer puts it back (or drops it beside a complete new save)."""
+  import orbax.checkpoint as ocp
+  from sorjax.checks import WriteError
+  ck = Checkpointer(str(tmp_path), keep=1)
+  ck.save(4, state(4), {"epoch": 0})
+  ck.save(4, state(5), {"epoch": 1})
+  ck.wait()
+  assert ck.restore(state(0))[2] == {"epoch": 1}
+  folder = tmp_path / "checkpoints"
+  assert os.listdir(folder) == ["4"]
+
+  def full(self, step, *args, **kwargs):
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(ocp.CheckpointManager, "save", full)
+  with pytest.raises(WriteError, match=(
+      rf"saving a checkpoint in {folder} failed \(\[Errno 28\] No space left "
+      rf"on device\); the run stops here and {folder}/4 is its last "
+      "complete checkpoint: free space")):
+    ck.save(4, state(6), {"epoch": 2})
+  monkeypatch.undo()
+  s, st, meta = ck.restore(state(0))
+  assert (s, meta) == (4, {"epoch": 1})
+  np.testing.assert_array_equal(st["params"]["w"], 5.0)
+  assert os.listdir(folder) == ["4"]
+  ck.close()
+  os.rename(folder / "4", folder / ".replaced-4")     # killed mid-save
+  ck = Checkpointer(str(tmp_path), keep=1)
+  assert ck.restore_meta("latest") == (4, {"epoch": 1})
+  ck.save(4, state(7), {"epoch": 3})
+  ck.wait()
+  ck.close()
+  shutil.copytree(folder / "4", folder / ".replaced-4")  # killed after it
+  assert Checkpointer(str(tmp_path)).restore_meta() == (4, {"epoch": 3})
+  assert os.listdir(folder) == ["4"]
+
+
+def test_a_damaged_meta_is_named_when_only_the_meta_is_read(tmp_path):
+  """restore_meta (a resume's first read) of a meta cut short raised a
+  bare JSONDecodeError naming no checkpoint."""
+  ck = Checkpointer(str(tmp_path))
+  for s in (1, 2):
+    ck.save(s, state(s), {"epoch": s, "config": {"x": "y" * 100}})
+  ck.wait()
+  ck.close()
+  os.truncate(tmp_path / "checkpoints" / "2" / "meta" / "metadata", 30)
+  ck = Checkpointer(str(tmp_path), read_only=True)
+  with pytest.raises(ValueError, match=(
+      rf"checkpoint {tmp_path}/checkpoints/2 cannot be read; it is "
+      r"incomplete or damaged \(.*\). Other steps: \[1\]")):
+    ck.restore_meta("latest")

@@ -535,3 +535,155 @@ def test_a_workdir_another_process_trains_into_is_refused(tmp_path):
     holder.wait()
   state = run(tmp_path)          # the lock died with its holder
   assert int(state.step[0]) == 18
+
+
+def test_a_metrics_line_cut_short_by_a_full_disk_is_dropped_on_resume(
+    tmp_path):
+  """A full disk stopped a run mid-line in metrics.jsonl: its resume
+  failed on that line as a JSONDecodeError naming no file. The cut line
+  (the file's last, unterminated: written after the last checkpoint) is
+  dropped and the run ends as an uninterrupted one; a bad line elsewhere
+  is named, file and line."""
+  full = run(tmp_path / "full")
+  cut = tmp_path / "cut"
+  run(cut, train={"max_steps": 7})
+  with open(cut / "metrics.jsonl", "a") as f:
+    f.write('{"step": 8, "split": "train", "time": 17')
+  resumed = run(cut)
+  np.testing.assert_array_equal(resumed.params["w"], full.params["w"])
+  drop = lambda rs: [{k: v for k, v in r.items()  # noqa: E731
+                      if k not in ("time", "tokens_per_s")} for r in rs]
+  assert drop(read_metrics(str(cut))) == drop(read_metrics(
+      str(tmp_path / "full")))
+  lines = (cut / "metrics.jsonl").read_text().splitlines(keepends=True)
+  lines.insert(1, "{broken\n")
+  (cut / "metrics.jsonl").write_text("".join(lines))
+  with pytest.raises(ValueError, match=r"metrics.jsonl:2: not a JSON line "
+                     r".*; repair or delete that line to resume"):
+    run(cut, train={"num_epochs": 4})
+
+
+def test_a_failed_rewrite_of_config_json_keeps_the_one_trained_with(
+    tmp_path, monkeypatch):
+  """A resume rewrites config.json; a full disk mid-write left it cut
+  short, after which the run could neither resume nor be restored. It is
+  written whole or not at all, and the error names it."""
+  import builtins
+
+  class Torn:
+    def __init__(self, f):
+      self.f = f
+
+    def __enter__(self):
+      return self
+
+    def __exit__(self, *exc):
+      self.f.close()
+
+    def write(self, text):
+      self.f.write(text[:10])
+      raise OSError(28, "No space left on device")
+
+  real_open = builtins.open
+
+  def full_disk_open(file, mode="r", *args, **kwargs):
+    f = real_open(file, mode, *args, **kwargs)
+    if "w" in mode and os.path.basename(str(file)).startswith("config.json"):
+      return Torn(f)
+    return f
+
+  full = run(tmp_path / "full")
+  wd = tmp_path / "cut"
+  run(wd, train={"max_steps": 7})
+  saved = (wd / "config.json").read_text()
+  monkeypatch.setattr(builtins, "open", full_disk_open)
+  with pytest.raises(OSError, match=r"cannot write .*config.json \(its "
+                     r"earlier version is kept\): No space left on device"):
+    run(wd)
+  monkeypatch.undo()
+  assert (wd / "config.json").read_text() == saved
+  assert not [n for n in os.listdir(wd) if n.endswith(".tmp")]
+  np.testing.assert_array_equal(run(wd).params["w"], full.params["w"])
+
+
+def test_a_failed_save_of_a_step_saved_before_keeps_that_step(
+    tmp_path, monkeypatch):
+  """An epoch ending at a checkpoint_every step saves that step again; the
+  earlier save was deleted first, so with keep_checkpoints=1 a full disk
+  there left no checkpoint, and the rerun started the run over, dropping
+  its metrics. Now the earlier save is kept, and the rerun resumes from it
+  and ends as an uninterrupted run."""
+  import orbax.checkpoint as ocp
+  from sorjax.checks import WriteError
+  from sorjax.training.checkpoint import Checkpointer
+  train = {"keep_checkpoints": 1, "checkpoint_every": 6}  # 6 steps an epoch
+  full = run(tmp_path / "full", train=train)
+  real_save, calls = ocp.CheckpointManager.save, []
+
+  def save(self, step, *args, **kwargs):
+    if step == 12 and str(self.directory).endswith("checkpoints"):
+      calls.append(step)
+      if len(calls) == 2:        # the epoch's end, after the periodic save
+        raise OSError(28, "No space left on device")
+    return real_save(self, step, *args, **kwargs)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+  wd = tmp_path / "cut"
+  with pytest.raises(WriteError, match=rf"saving a checkpoint in {wd}/"
+                     rf"checkpoints failed .*No space left on device.*; the "
+                     rf"run stops here and {wd}/checkpoints/12 is its last "
+                     "complete checkpoint"):
+    run(wd, train=train)
+  monkeypatch.undo()
+  ck = Checkpointer(str(wd), read_only=True)
+  assert ck.latest_step() == 12
+  ck.close()
+  np.testing.assert_array_equal(run(wd, train=train).params["w"],
+                                full.params["w"])
+  assert [r["step"] for r in read_metrics(str(wd), "valid")] == [6, 12, 18]
+
+
+def test_a_best_save_that_fails_in_the_background_is_made_again(
+    tmp_path, monkeypatch):
+  """Orbax saves in the background and reports a failure at the manager's
+  next save or wait. A best/ save that failed (a full disk) at the last
+  epoch surfaced only at the run's end, after checkpoints/ had recorded
+  that epoch as the best (best_mean): the rerun then had nothing to do,
+  and best/ kept an older epoch than the metrics select, silently. The
+  checkpoint now waits for the best save; the rerun evaluates the epoch
+  again and best/ holds it."""
+  import orbax.checkpoint as ocp
+  from sorjax.checks import WriteError
+  from sorjax.training.checkpoint import Checkpointer
+  real_save = ocp.CheckpointManager.save
+  real_wait = ocp.CheckpointManager.wait_until_finished
+  pending = []
+
+  def best(mngr):
+    return str(mngr.directory).endswith("best")
+
+  def save(self, step, *args, **kwargs):
+    if best(self) and pending:
+      raise pending.pop()
+    if best(self) and step == 18:          # the last epoch's: it fails later
+      pending.append(OSError(28, "No space left on device"))
+      return True
+    return real_save(self, step, *args, **kwargs)
+
+  def wait(self):
+    if best(self) and pending:
+      raise pending.pop()
+    return real_wait(self)
+
+  monkeypatch.setattr(ocp.CheckpointManager, "save", save)
+  monkeypatch.setattr(ocp.CheckpointManager, "wait_until_finished", wait)
+  with pytest.raises(WriteError, match=r"saving a checkpoint in .*best "
+                     r"failed \(\[Errno 28\] No space left on device\)"):
+    run(tmp_path)
+  monkeypatch.undo()
+  run(tmp_path)
+  valid = read_metrics(str(tmp_path), "valid")
+  chosen = min(valid, key=lambda r: r["loss"])["step"]
+  ck = Checkpointer(str(tmp_path), read_only=True)
+  assert chosen == 18 and ck.best_step() == 18
+  ck.close()
