@@ -32,7 +32,8 @@ from absl import app, flags, logging
 
 from experiments.results import (ResultsError, fold_stats, per_replica,
                                  replica_means, stats, summarise)
-from sorjax.checks import check_int, output_dir_problem
+from sorjax.checks import (WriteError, check_int, output_dir_problem,
+                           write_text, write_whole)
 from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
 from sorjax.training.workdir_lock import WorkdirInUse
@@ -112,8 +113,14 @@ def train(ctx: Context, name: str, config: str, string: str,
   for k, v in overrides.items():
     _set(cfg, k, v)
   if os.path.exists(done):
-    with open(done) as f:
-      record = json.load(f)
+    try:
+      with open(done) as f:
+        record = json.load(f)
+    except (OSError, ValueError) as e:
+      raise ReproduceError(
+          f"{done} cannot be read ({e}); it records that the run finished: "
+          "delete it to check the run again (a finished run is not "
+          "retrained; its checkpoints resume one that was not)") from None
     if record["overrides"] != json.loads(json.dumps(overrides)):
       raise ReproduceError(
           f"{wd} was trained with other overrides ({record['overrides']}, "
@@ -135,8 +142,7 @@ def train(ctx: Context, name: str, config: str, string: str,
     record = {"name": name, "config": f"{config}.py:{string}",
               "overrides": overrides, "command": command,
               "wall_s": round(wall_s(), 1)}
-    with open(done, "w") as f:
-      json.dump(record, f, indent=1)
+    write_text(done, json.dumps(record, indent=1))
     if os.path.exists(partial):
       os.remove(partial)
   ctx.runs.append(record)
@@ -199,6 +205,12 @@ def analyse(wd: str, names, out: str, replica: int = 0, **options) -> dict:
   return res
 
 
+def _copy(src: str, dst: str) -> str:
+  """Copies file `src` to `dst` whole or not at all: a failed copy (a full
+  disk) keeps an earlier `dst` (a figure in docs/, say) as it was."""
+  return write_whole(dst, lambda tmp: shutil.copyfile(src, tmp))
+
+
 def _plt():
   import matplotlib
   matplotlib.use("Agg")
@@ -208,7 +220,7 @@ def _plt():
 
 def _save(fig, path: str) -> str:
   fig.tight_layout()
-  fig.savefig(path, dpi=80)
+  write_whole(path, lambda tmp: fig.savefig(tmp, dpi=80, format="png"))
   _plt().close(fig)
   return path
 
@@ -331,7 +343,7 @@ def item_lin_dyck(ctx: Context) -> dict:
                  ["attention_heatmap"], os.path.join(ctx.root, "heatmap"),
                  split="test")["attention_heatmap"]
   src = os.path.join(ctx.root, "heatmap", "attention_heatmap.png")
-  figs.append(shutil.copy(src, os.path.join(ctx.root,
+  figs.append(_copy(src, os.path.join(ctx.root,
                                             "attention_heatmap.png")))
   res["attention_heatmap_split"] = _push_pop_split(heat)
   return {"results": res, "paper": {
@@ -399,7 +411,7 @@ def item_keyword_trees(ctx: Context) -> dict:
     g = analyse(wd, ["gradient_ratio"], os.path.join(wd, "analysis"),
                 max_trees=500 if not ctx.micro else 50)["gradient_ratio"]
     ratios[cell] = g
-    figs.append(shutil.copy(
+    figs.append(_copy(
         os.path.join(wd, "analysis", "gradient_ratio.png"),
         os.path.join(ctx.root, f"gradient_ratio_{cell}.png")))
   res["gradient_ratio"] = {
@@ -473,7 +485,7 @@ def item_multi_timescale(ctx: Context) -> dict:
   res["timescales"] = {l: {"cell": v["cell"], "reference": v["reference"],
                            "correlation": v["correlation"]}
                        for l, v in ts["layers"].items()}
-  figs.append(shutil.copy(
+  figs.append(_copy(
       os.path.join(lm["mts"], "analysis", "timescales_scatter.png"),
       os.path.join(ctx.root, "timescales_scatter.png")))
   freq = analyse(lm["baseline"], ["frequency"],
@@ -482,7 +494,7 @@ def item_multi_timescale(ctx: Context) -> dict:
                  num_resamples=1000 if not ctx.micro else 50
                  )["frequency"]
   res["frequency"] = {k: freq[k] for k in ("a", "b", "bootstrap")}
-  figs.append(shutil.copy(os.path.join(ctx.root, "frequency",
+  figs.append(_copy(os.path.join(ctx.root, "frequency",
                                        "frequency.png"),
                           os.path.join(ctx.root, "frequency.png")))
   return {"results": res, "paper": {
@@ -522,7 +534,7 @@ def item_markov_control(ctx: Context) -> dict:
                                      for k in ("best_alpha", "best_ks")},
                    "narrow_gaussian": {k: ks["narrow_gaussian"][k]
                                        for k in ("best_mu", "best_ks")}})
-    figs.append(shutil.copy(
+    figs.append(_copy(
         os.path.join(ctx.root, "timescales", corpus, "r0",
                      "timescales_ks.png"),
         os.path.join(ctx.root, f"timescales_ks_{corpus}.png")))
@@ -875,12 +887,12 @@ def reproduce(item: str, workdir: str, scale: str = "cpu",
              "train_wall_s": round(sum(r["wall_s"] for r in ctx.runs), 1),
              "wall_s_this_invocation": round(time.perf_counter() - t0, 1),
              **out}
-  with open(os.path.join(ctx.root, "summary.json"), "w") as f:
-    json.dump(summary, f, indent=1, default=_json_default)
+  write_text(os.path.join(ctx.root, "summary.json"),
+             json.dumps(summary, indent=1, default=_json_default))
   if figures:
     os.makedirs(figures, exist_ok=True)
     for p in out.get("figures", []):
-      shutil.copy(p, os.path.join(figures, f"{name}_{os.path.basename(p)}"))
+      _copy(p, os.path.join(figures, f"{name}_{os.path.basename(p)}"))
   return summary
 
 
@@ -908,7 +920,7 @@ def main(argv):
   try:
     s = reproduce(argv[1], FLAGS.workdir, FLAGS.scale, FLAGS.replicas,
                   FLAGS.figures)
-  except (ResultsError, ConfigError) as e:
+  except (ResultsError, ConfigError, WriteError) as e:
     sys.exit(f"reproduce error: {e}")
   except Interrupted as e:
     e.exit()

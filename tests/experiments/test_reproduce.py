@@ -310,3 +310,38 @@ def test_item_4_trains_table_2s_word_rows_at_the_papers_budget(
   assert out["paper"]["ce_2M_2layers"] == {"lstm": 4.770, "mm_lstm": 4.818}
   assert [os.path.basename(f) for f in out["figures"]] == [
       "bpc.png", "cutoff_bpc.png", "word_loss.png"]
+
+
+def test_a_damaged_finished_run_record_is_named(tmp_path):
+  """A reproduce_run.json cut short (a full disk, before it was written
+  whole) made every rerun fail with a bare JSON error naming no file."""
+  ctx = reproduce.Context(str(tmp_path), "micro", 2)
+  os.makedirs(tmp_path / "run")
+  (tmp_path / "run" / "reproduce_run.json").write_text('{"name": "ru')
+  with pytest.raises(reproduce.ReproduceError, match=r"run/reproduce_run"
+                     r"\.json cannot be read .*delete it to check the run"):
+    reproduce.train(ctx, "run", "lin_dyck", "lstm,m4", {})
+
+
+def test_a_failed_figure_copy_keeps_the_earlier_figure(tmp_path,
+                                                       monkeypatch):
+  """--figures copies over committed figures (docs/figures): a copy that
+  fails midway (a full disk) keeps the earlier file whole and names the
+  new one."""
+  src, dst = tmp_path / "new.png", tmp_path / "docs_fig.png"
+  src.write_bytes(b"new figure" * 100)
+  dst.write_bytes(b"earlier figure")
+
+  def full(a, b):
+    with open(b, "wb") as f:
+      f.write(b"new")
+    raise OSError(28, "No space left on device")
+  monkeypatch.setattr(reproduce.shutil, "copyfile", full)
+  with pytest.raises(OSError, match=r"cannot write .*docs_fig\.png \(its "
+                     r"earlier version is kept\): No space left"):
+    reproduce._copy(str(src), str(dst))
+  assert dst.read_bytes() == b"earlier figure"
+  assert sorted(os.listdir(tmp_path)) == ["docs_fig.png", "new.png"]
+  monkeypatch.undo()
+  assert reproduce._copy(str(src), str(dst)) == str(dst)
+  assert dst.read_bytes() == src.read_bytes()
