@@ -23,7 +23,8 @@ layouts"):
   backward's dA/dz = alpha beta (1 - ((A - delta) / alpha)^2) likewise.
   Slicing z into four gates and stacking their activations instead was one
   fusion of ~120 us per step at B=32 H=256 (two threads); the map is ~20.
-- Two layouts. Batch-major (default below GATE_MAJOR_FROM): state h [B, H],
+- Two layouts. Batch-major (default below GATE_MAJOR_FROM, and at every
+  size on GPU and TPU): state h [B, H],
   z = h W_h [B, 4H], xp and ys used as they come; its per-step products
   go through `layer_scan.step_product` like the other layers' (so they
   too run gate-major where `layer_scan.gate_major_step` says so, e.g. at
@@ -71,8 +72,9 @@ from sorjax.layer_scan import (previous_steps, row_products, scan_overwrite,
 
 Array = jax.Array
 
-# The default layout: batch-major below this hidden size, gate-major from it
-# (module doc; benchmarks/small_model.md, "gate-major with time inside").
+# The default layout on CPU: batch-major below this hidden size, gate-major
+# from it (module doc; benchmarks/small_model.md, "gate-major with time
+# inside"). Other platforms stay batch-major (`_run`).
 GATE_MAJOR_FROM = 512
 
 # unroll=None: batch-major loops of at most this hidden size run chunks of 2
@@ -288,9 +290,8 @@ def lstm_args(cell, params) -> LSTMArgs | None:
 
 
 def _checked(where, W_h, x, carry, lengths, layout):
-  """Validates the common arguments; returns (mask or None, tr): the mask of
-  valid steps broadcast to the loop's state layout ([T, H, B] gate-major,
-  [T, B, H] batch-major), tr whether the layout is gate-major."""
+  """Validates the common arguments; returns the valid steps as a bool
+  [T, B] (None without lengths)."""
   if x.ndim != 3:
     raise ValueError(f"{where}: inputs must be time-major [T, B, .], got "
                      f"shape {x.shape}")
@@ -304,18 +305,43 @@ def _checked(where, W_h, x, carry, lengths, layout):
                        f" got {a.shape}")
   if T == 0:
     raise ValueError(f"{where}: the inputs have no time steps (T = 0)")
-  valid = valid_steps(where, lengths, B, T)
-  mask = None if valid is None else valid.T                       # [T, B]
-  if layout is None:
-    layout = "gate_major" if H >= GATE_MAJOR_FROM else "batch_major"
-  if layout not in ("gate_major", "batch_major"):
+  if layout not in (None, "gate_major", "batch_major"):
     raise ValueError(f"{where}: layout must be None, 'gate_major' or "
                      f"'batch_major', got {layout!r}")
-  tr = layout == "gate_major"
-  if mask is not None:  # in the state's layout: [T, H, B] or [T, B, H]
-    mask = jnp.broadcast_to(mask[:, None, :] if tr else mask[:, :, None],
-                            (T, H, B) if tr else (T, B, H))
-  return mask, tr
+  valid = valid_steps(where, lengths, B, T)
+  return None if valid is None else valid.T                       # [T, B]
+
+
+def _run(where, forget_bias, unroll, layout, W_h, W_x, b, xs, valid, h0, c0):
+  """`_layer` in `layout`, the mask of valid steps [T, B] broadcast to the
+  loop's state layout ([T, H, B] gate-major, [T, B, H] batch-major).
+  layout=None: gate-major from GATE_MAJOR_FROM on CPU only, whose
+  per-step products it was measured faster for; other platforms keep the
+  batch-major layout (no transposes around the loops, and the batch not
+  the minor axis of every buffer), chosen when the computation is lowered
+  for them (`jax.lax.platform_dependent`, as `layer_scan.step_product`)."""
+  H = W_h.shape[0]
+  unrolls = {tr: _unroll_factor(where, unroll, H, tr) for tr in (False, True)}
+
+  def in_layout(tr):
+    def run(W_h, W_x, b, xs, valid, h0, c0):
+      mask = valid
+      if valid is not None:  # in the state's layout: [T, H, B] or [T, B, H]
+        T, B = valid.shape
+        mask = jnp.broadcast_to(
+            valid[:, None, :] if tr else valid[:, :, None],
+            (T, H, B) if tr else (T, B, H))
+      return _layer(float(forget_bias), unrolls[tr], tr, W_h, W_x, b, xs,
+                    mask, h0, c0)
+    return run
+
+  args = (W_h, W_x, b, xs, valid, h0, c0)
+  if layout is not None:
+    return in_layout(layout == "gate_major")(*args)
+  if H < GATE_MAJOR_FROM:
+    return in_layout(False)(*args)
+  return jax.lax.platform_dependent(*args, cpu=in_layout(True),
+                                    default=in_layout(False))
 
 
 def lstm_layer(W_h: Array, W_x: Array, b: Array, xs: Array,
@@ -340,15 +366,14 @@ def lstm_layer(W_h: Array, W_x: Array, b: Array, xs: Array,
   Returns:
     (final carry, ys [T, B, H]).
   """
-  mask, tr = _checked(name, W_h, xs, carry, lengths, layout)
+  valid = _checked(name, W_h, xs, carry, lengths, layout)
   H = W_h.shape[0]
   check_input(name, xs, W_x.shape[0])
   if W_x.shape != (W_x.shape[0], 4 * H) or b.shape != (4 * H,):
     raise ValueError(f"{name}: W_x must be [D, 4H] and b [4H] with H = {H}; "
                      f"got W_x {W_x.shape}, b {b.shape}")
-  unroll = _unroll_factor(name, unroll, H, tr)
-  (h, c), ys = _layer(float(forget_bias), unroll, tr, W_h, W_x, b, xs,
-                      mask, carry.h, carry.c)
+  (h, c), ys = _run(name, forget_bias, unroll, layout, W_h, W_x, b, xs,
+                    valid, carry.h, carry.c)
   return LSTMCarry(h, c), ys
 
 
@@ -372,18 +397,18 @@ def lstm_scan(W_h: Array, xp: Array, carry: LSTMCarry,
     layout: "gate_major" (state h^T [H, B]; buffers [4H, T, B], the inputs
       and outputs transposed around the loops) or "batch_major" (state
       h [B, H]; no transposes); None picks gate_major for
-      H >= GATE_MAJOR_FROM (module doc).
+      H >= GATE_MAJOR_FROM on CPU and batch_major on other platforms
+      (module doc).
 
   Returns:
     (final carry, ys [T, B, H]).
   """
-  mask, tr = _checked("lstm_scan", W_h, xp, carry, lengths, layout)
+  valid = _checked("lstm_scan", W_h, xp, carry, lengths, layout)
   H = W_h.shape[0]
   if xp.shape[-1] != 4 * H:
     raise ValueError(f"lstm_scan: xp must be [T, B, 4H] with H = {H} (W_h "
                      f"{W_h.shape}), got xp {xp.shape}")
-  unroll = _unroll_factor("lstm_scan", unroll, H, tr)
-  (h, c), ys = _layer(float(forget_bias), unroll, tr, W_h, None,
-                      jnp.zeros((4 * H,), xp.dtype), xp, mask, carry.h,
-                      carry.c)
+  (h, c), ys = _run("lstm_scan", forget_bias, unroll, layout, W_h, None,
+                    jnp.zeros((4 * H,), xp.dtype), xp, valid, carry.h,
+                    carry.c)
   return LSTMCarry(h, c), ys

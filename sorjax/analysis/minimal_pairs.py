@@ -248,7 +248,10 @@ def _log_prob_fn(run, tau=None):
   """tokens [B, T], lengths [B] -> log-probabilities [B, T, V] under the
   run at temperature `tau` (default the run's): `Run.log_probs`, jitted
   (it runs eagerly: too slow for BLiMP's 134k sentences). A stand-in run
-  without `task.apply` uses its own."""
+  without `task.apply` uses its own. The params are an argument of the
+  jitted function: closed over, jit would bake them into each length's
+  executable as constants (a copy of the weights per compiled shape, in
+  device memory on a GPU / TPU)."""
   task = run.task
   if not hasattr(task, "apply"):
     return lambda tokens, lengths: run.log_probs(tokens, lengths,
@@ -256,11 +259,12 @@ def _log_prob_fn(run, tau=None):
   params, tau = run.params, temperature(run, tau)
 
   @jax.jit
-  def log_probs(tokens, lengths):
+  def log_probs(params, tokens, lengths):
     logits, _ = task.apply(params, tokens, lengths, temperature=tau)
     return jax.nn.log_softmax(logits.astype(jnp.float32), -1)
 
-  return lambda tokens, lengths: np.asarray(log_probs(tokens, lengths))
+  return lambda tokens, lengths: np.asarray(log_probs(params, tokens,
+                                                      lengths))
 
 
 def token_log_probs(run, seqs: list[np.ndarray], batch_size: int = 64,

@@ -380,13 +380,19 @@ class Trainer:
       return out, dict(metrics, loss=loss, grad_norm=gnorm)
 
     n, k = self.replica_shards, self.replica_batch
+    sharding = self.state_sharding
 
     def step_fn(state: TrainState, batch, temperature):
       fields = (state.step, state.params, state.opt_state, state.rng,
                 state.carry, state.nonfinite)
       out, metrics = map_replicas(lambda f: one(f, batch, temperature),
                                   fields, k, n)
-      return TrainState(*out), metrics
+      # The state leaves as it came (`state_sharding`): left to XLA, a
+      # data-parallel step's carry came out sharded along the batch, so
+      # the next call compiled the step again and could not reuse the
+      # donated buffers.
+      return jax.lax.with_sharding_constraint(TrainState(*out),
+                                              sharding), metrics
 
     return jax.jit(step_fn, donate_argnums=0)
 
@@ -641,6 +647,10 @@ class Trainer:
       opt_r = _tree_index(host.opt_state, r)
       if cfg.optim.name == "nt_asgd":
         params_r = asgd.averaged_params(opt_r, params_r)
+      # On the loop's first device once: the tasks' jitted evaluation runs
+      # per batch, and host (NumPy) params would be copied to a GPU / TPU
+      # on every call.
+      params_r = jax.device_put(params_r, self.devices[0])
       results = {}
       for split in task.eval_splits():
         res = task.evaluate(params_r, split, tau_eval)
