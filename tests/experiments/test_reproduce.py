@@ -296,7 +296,8 @@ def test_item_4_trains_table_2s_word_rows_at_the_papers_budget(
                                               "word,mm_lstm,2")
   w = runs["word_lstm"][2]
   assert (w["model.budget"], w["model.embed_size"], w["data.bptt"],
-          w["data.eval_bptt"]) == (2_000_000, 64, 35, 35)
+          w["data.eval_bptt"], w["data.max_train_tokens"]) == (
+              2_000_000, 64, 35, 35, 150_000)
   assert "model.budget_tol" not in runs["word_mm_lstm_2layers"][2]
   c = runs["mm_lstm_2layers"][2]
   assert (c["model.budget"], c["model.embed_size"], c["data.bptt"],
