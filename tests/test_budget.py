@@ -333,6 +333,16 @@ def test_solver_errors_name_the_sizes():
                  input_size=3, max_size=100)
   with pytest.raises(ValueError, match="budget must be a finite number > 0"):
     budget.solve(lm("lstm", 1, 10, 4), 0)
+  # A budget under 1 and a tolerance under 0.05% as given (they read
+  # "the budget of 0" and "within 0.0%"); an LSTM cell with one input has
+  # 12 parameters at H = 1, 32 at H = 2.
+  lstm = lambda H: cells.make("lstm", hidden_size=H)  # noqa: E731
+  with pytest.raises(ValueError, match=r"even H=1 has 12 parameters, over "
+                     r"the budget of 0\.5 \(\+2300\.00%\)"):
+    budget.solve(lstm, 0.5, input_size=1)
+  with pytest.raises(ValueError, match=r"no size meets the budget of 12\.5 "
+                     r"within 0\.0001%: H=1 gives 12 \(-4\.00%\)"):
+    budget.solve(lstm, 12.5, input_size=1, tol=1e-6)
   with pytest.raises(ValueError, match="num_layers"):
     budget.stack("lstm", 4, 0)
 

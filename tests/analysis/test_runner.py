@@ -285,11 +285,10 @@ def test_a_failed_rewrite_keeps_the_earlier_result_and_names_the_file(
   """A full disk while an analysis rewrites its results: the earlier JSON
   and figure stay whole (a figure was written in place, and cut short),
   no temporary file is left, and the error names the file."""
-  import builtins
+  from tests.disk_full import fill_disk, no_space
   import os
   from matplotlib.figure import Figure
   from sorjax.analysis import common
-  no_space = OSError(28, "No space left on device")
   js, png = str(tmp_path / "a.json"), str(tmp_path / "a.png")
   write_json(js, {"x": 1})
   fig, ax = common.figure()
@@ -300,31 +299,14 @@ def test_a_failed_rewrite_keeps_the_earlier_result_and_names_the_file(
   def torn_savefig(self, fname, **kwargs):
     with open(fname, "wb") as f:
       f.write(b"\x89PNG")
-    raise no_space
+    raise no_space()
 
   monkeypatch.setattr(Figure, "savefig", torn_savefig)
   with pytest.raises(OSError, match=rf"cannot write {png} \(its earlier "
                      r"version is kept\): No space left on device"):
     common.save(fig, png)
 
-  class Torn:
-    def __init__(self, f):
-      self.f = f
-
-    def __enter__(self):
-      return self
-
-    def __exit__(self, *exc):
-      self.f.close()
-
-    def write(self, text):
-      self.f.write(text[:5])
-      raise no_space
-
-  real_open = builtins.open
-  monkeypatch.setattr(builtins, "open", lambda file, mode="r", *a, **k: (
-      Torn(real_open(file, mode, *a, **k)) if "w" in mode
-      else real_open(file, mode, *a, **k)))
+  fill_disk(monkeypatch)
   with pytest.raises(OSError, match=rf"cannot write {js} \(its earlier "
                      r"version is kept\): No space left on device"):
     write_json(js, {"x": 2})

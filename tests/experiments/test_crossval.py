@@ -217,30 +217,12 @@ def test_a_failed_write_of_a_folds_record_is_named_and_leaves_none(
   """A full disk while a finished fold's record (DONE) is written: the
   error names it, and no record cut short is left to read as a finished
   fold of 0 s; crossval.json's rewrite goes the same way (write_text)."""
-  import builtins
+  from tests.disk_full import fill_disk
   import ml_collections
   from sorjax.checks import WriteError
   monkeypatch.setattr("experiments.train.train_and_evaluate",
                       lambda cfg, wd: os.makedirs(wd, exist_ok=True))
-  real_open = builtins.open
-
-  class Torn:
-    def __init__(self, f):
-      self.f = f
-
-    def __enter__(self):
-      return self
-
-    def __exit__(self, *exc):
-      self.f.close()
-
-    def write(self, text):
-      self.f.write(text[:5])
-      raise OSError(28, "No space left on device")
-
-  monkeypatch.setattr(builtins, "open", lambda file, mode="r", *a, **k: (
-      Torn(real_open(file, mode, *a, **k)) if "w" in mode
-      else real_open(file, mode, *a, **k)))
+  fill_disk(monkeypatch)
   cfg = ml_collections.ConfigDict({"data": {"folds": 2, "fold": 0}})
   with pytest.raises(WriteError, match=rf"cannot write .*fold_1/"
                      rf"{crossval.DONE}: No space left on device"):

@@ -201,29 +201,12 @@ def test_seconds_an_interrupted_run_keeps_hide_no_error(tmp_path,
   (an Interrupted then left a traceback, not the launcher's exit) and left
   the file cut short, read back as 0 s. Now the error passes unchanged
   and the earlier seconds stay."""
-  import builtins
-
-  class Torn:
-    def __init__(self, f):
-      self.f = f
-
-    def __enter__(self):
-      return self
-
-    def __exit__(self, *exc):
-      self.f.close()
-
-    def write(self, text):
-      self.f.write(text[:5])
-      raise OSError(28, "No space left on device")
+  from tests.disk_full import fill_disk
 
   partial = str(tmp_path / "reproduce_partial.json")
   with open(partial, "w") as f:
     json.dump({"wall_s": 5.0}, f)
-  real_open = builtins.open
-  monkeypatch.setattr(builtins, "open", lambda file, mode="r", *a, **k: (
-      Torn(real_open(file, mode, *a, **k)) if "w" in mode
-      else real_open(file, mode, *a, **k)))
+  fill_disk(monkeypatch)
   with pytest.raises(KeyboardInterrupt):
     with train.time_kept(partial, train.recorded_wall_s(partial)):
       raise KeyboardInterrupt

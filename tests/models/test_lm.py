@@ -487,6 +487,14 @@ def test_closing_head_reads_the_last_valid_step():
                      r"step lengths - 1: lengths must be >= 1, got 0 at "
                      r"lengths\[1\]"):
     model.apply(variables, toks, lengths=jnp.array([6, 0, 3]))
+  # No step at all (T = 0): refused, under jit too (the shape is static),
+  # where the empty gather gave the head's bias as if it read a state.
+  empty = jnp.zeros((3, 0), jnp.int32)
+  for f in (model.apply, jax.jit(model.apply)):
+    with pytest.raises(ValueError, match=re.escape(
+        "DyckModel: head='closing' reads the last step, and tokens (3, 0) "
+        "have none (T = 0)")):
+      f(variables, empty)
 
 
 def test_per_step_heads():

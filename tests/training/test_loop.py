@@ -568,35 +568,13 @@ def test_a_failed_rewrite_of_config_json_keeps_the_one_trained_with(
   """A resume rewrites config.json; a full disk mid-write left it cut
   short, after which the run could neither resume nor be restored. It is
   written whole or not at all, and the error names it."""
-  import builtins
-
-  class Torn:
-    def __init__(self, f):
-      self.f = f
-
-    def __enter__(self):
-      return self
-
-    def __exit__(self, *exc):
-      self.f.close()
-
-    def write(self, text):
-      self.f.write(text[:10])
-      raise OSError(28, "No space left on device")
-
-  real_open = builtins.open
-
-  def full_disk_open(file, mode="r", *args, **kwargs):
-    f = real_open(file, mode, *args, **kwargs)
-    if "w" in mode and os.path.basename(str(file)).startswith("config.json"):
-      return Torn(f)
-    return f
+  from tests.disk_full import fill_disk
 
   full = run(tmp_path / "full")
   wd = tmp_path / "cut"
   run(wd, train={"max_steps": 7})
   saved = (wd / "config.json").read_text()
-  monkeypatch.setattr(builtins, "open", full_disk_open)
+  fill_disk(monkeypatch, keep=10, only="config.json")
   with pytest.raises(OSError, match=r"cannot write .*config.json \(its "
                      r"earlier version is kept\): No space left on device"):
     run(wd)
