@@ -186,6 +186,18 @@ def _around(n: Callable[[int], int], budget: float, guess: int, lo_bound: int,
   return (lo, hi)
 
 
+def _amount(budget) -> str:
+  """A budget as given: 5,000 or 19.5 (`,.0f` read 0.5 as 0)."""
+  return f"{budget:,.0f}" if float(budget).is_integer() else f"{budget:,}"
+
+
+def _percent(tol) -> str:
+  """A tolerance as given: 1.0% or 0.0001% (`.1%` read 1e-6 as 0.0%)."""
+  short = f"{tol:.1%}"
+  return short if math.isclose(float(short[:-1]), tol * 100) else \
+      f"{tol * 100:.3g}%"
+
+
 def _check_solve_args(budget, input_size, tol, ratio, ratio_tol, max_size):
   _check("solve: budget", budget, "> 0", lambda v: v > 0)
   if input_size is not None:
@@ -248,11 +260,11 @@ def solve(build: Callable[..., Any], budget: float, *,
   if n(Hs[-1]) < budget:
     raise ValueError(
         f"solve: even H={max_size} has {n(max_size):,} parameters, under the "
-        f"budget of {budget:,.0f}; raise max_size")
+        f"budget of {_amount(budget)}; raise max_size")
   if Hs == (1,) and n(1) > budget * (1 + tol):
     raise ValueError(
         f"solve: even H=1 has {n(1):,} parameters, over the budget of "
-        f"{budget:,.0f} (+{err(1):.2%}): the smallest model is larger than "
+        f"{_amount(budget)} (+{err(1):.2%}): the smallest model is larger than "
         "the budget (its parts that do not grow with H, such as the inputs' "
         "weights, an embedding or a decoder, alone may exceed it)")
   pairs = [(H, None if ratio is None else m_of(H)) for H in Hs]
@@ -272,7 +284,7 @@ def solve(build: Callable[..., Any], budget: float, *,
         f"H={H}{'' if M is None else f', M={M}'} gives {n(H, M):,} "
         f"({err(H, M):+.2%})" for H, M in pairs)
     raise ValueError(
-        f"solve: no size meets the budget of {budget:,.0f} within "
-        f"{tol:.1%}: {around}")
+        f"solve: no size meets the budget of {_amount(budget)} within "
+        f"{_percent(tol)}: {around}")
   H, M = best
   return build(H) if M is None else build(H, M)

@@ -86,6 +86,11 @@ class DyckModel(RecurrentTrunk):
     num_classes] for "closing" (read at step lengths - 1, or T - 1).
     """
     if self.head == "closing":  # read at lengths - 1: a length 0 read T - 1
+      if jnp.ndim(tokens) == 2 and jnp.shape(tokens)[1] == 0:
+        # no step to read: the gather's fill would give the bias alone
+        raise self._error(
+            f"head='closing' reads the last step, and tokens "
+            f"{tuple(jnp.shape(tokens))} have none (T = 0)")
       v = concrete(lengths) if lengths is not None else None
       if v is not None and v.size and v.min() < 1:
         raise self._error(
