@@ -41,12 +41,24 @@ def demo_aux(name: str, B: int, T: int):
   return {}
 
 
+def _positive(text: str) -> int:
+  """argparse's type for a size: argparse names the flag on a bad one."""
+  try:
+    v = int(text)
+  except ValueError:
+    v = 0
+  if v < 1:
+    raise argparse.ArgumentTypeError(
+        f"must be a positive integer, got {text!r}")
+  return v
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--hidden", type=int, default=64)
-  parser.add_argument("--batch", type=int, default=16)
-  parser.add_argument("--steps", type=int, default=50)
-  parser.add_argument("--input", type=int, default=32)
+  parser.add_argument("--hidden", type=_positive, default=64)
+  parser.add_argument("--batch", type=_positive, default=16)
+  parser.add_argument("--steps", type=_positive, default=50)
+  parser.add_argument("--input", type=_positive, default=32)
   args = parser.parse_args(argv)
   B, T, D, H = args.batch, args.steps, args.input, args.hidden
 
