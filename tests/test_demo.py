@@ -1,8 +1,8 @@
 """The zoo table (`python -m sorjax.demo`) runs every sequence cell."""
 
-import sorjax
 import pytest
 
+import sorjax
 from sorjax import demo
 
 
