@@ -164,9 +164,11 @@ def _rgba(s, w):
 
 
 def plot_heatmap(result: dict, path: str, width: int = 80) -> str:
-  """The same heatmap as a PNG: tokens wrapped at `width` characters."""
+  """The same heatmap as a PNG: tokens wrapped at `width` characters,
+  each layer's sequences under a "layer l" heading (as the HTML's)."""
   rows = []                          # (layer, [(token, s*, weight), ...])
   for l, r in result["layers"].items():
+    rows.append((l, None))           # the layer's heading
     for seq in r["sequences"]:
       line, used = [], 0
       for tok, a in zip(seq["tokens"], np.asarray(seq["alpha"])):
@@ -183,6 +185,10 @@ def plot_heatmap(result: dict, path: str, width: int = 80) -> str:
   ax.set_ylim(len(rows), -0.5)
   ax.axis("off")
   for y, (l, line) in enumerate(rows):
+    if line is None:
+      ax.text(0, y, f"layer {l}", fontsize=9, fontweight="bold",
+              va="center")
+      continue
     x = 0.0
     for tok, s, w in line:
       ax.text(x, y, tok, family="monospace", fontsize=8, va="center",

@@ -34,8 +34,10 @@ def require_chars(name, run):
   require_task(name, run, ("lm",))
   corpus = str(run.config.data.corpus).partition("/")[0]
   if corpus not in CHAR_CORPORA:
+    kind = ("of character bigrams" if corpus.endswith("_bigram") else
+            "word-level")
     raise fail(name, run, f"needs a character LM ({', '.join(CHAR_CORPORA)}); "
-               f"this run's corpus {corpus!r} is word-level")
+               f"this run's corpus {corpus!r} is {kind}")
 
 
 def word_positions(symbols, eos: str | None = "<eos>") -> np.ndarray:
@@ -88,8 +90,8 @@ def plot_positions(result: dict, path: str) -> str:
   ax.set_xlabel("character position in word"
                 f" (last: {result['max_position']} or later)")
   ax.set_ylabel(f"mean {result['split']} loss (bits)")
-  ax.set_title(f"overall {result['overall']['bits']:.3f} bits/char; "
-               f"boundaries excluded")
+  ax.set_title(f"overall {result['overall']['bits']:.3f} bits/char (every "
+               "symbol); the curve leaves out boundaries", fontsize=10)
   return save(fig, path)
 
 

@@ -18,11 +18,16 @@ Text -> symbols of the run's corpus:
   "'s" split off, punctuation split off); lower-cased when the vocabulary
   is (fewer than 1% of its symbols have an upper-case letter, e.g. PTB);
   punctuation kept when the vocabulary has ".", else dropped (PTB has
-  none). Words not in the vocabulary map to `<unk>`; they and the dropped
-  punctuation are counted in the result.
+  none). A vocabulary in WikiText's forms gets them: "didn 't" (not
+  "did n't") when it has "'t" but no "n't", and a hyphen inside a word
+  it lacks as "@-@" ("well @-@ known") when it has "@-@". Words not in
+  the vocabulary map to `<unk>`; they and the dropped punctuation are
+  counted in the result.
 * character corpora: ptb_char joins words with "_", ptb_char_maupome
-  applies its letters-only rule, tinyshakespeare keeps the text; a
-  character the vocabulary lacks is an error (no `<unk>`).
+  applies its letters-only rule (ptb_char_maupome_bigram then cuts each
+  word in bigrams, as its corpus: "state" -> st, at, e; an unseen bigram
+  maps to `<unk>`), tinyshakespeare keeps the text; a character the
+  vocabulary lacks is an error (no `<unk>`).
 """
 
 from __future__ import annotations
@@ -47,7 +52,8 @@ from sorjax.data import tokenize
 
 _WORD = re.compile(r"\w+(?=n't)|n't|'\w+|\w+(?:[-.]\w+)*|[^\w\s]")
 _PUNCT = re.compile(r"[^\w\s]+")
-CHAR_CORPORA = ("ptb_char", "ptb_char_maupome", "tinyshakespeare")
+CHAR_CORPORA = ("ptb_char", "ptb_char_maupome", "ptb_char_maupome_bigram",
+                "tinyshakespeare")
 
 
 class Pair(NamedTuple):
@@ -212,10 +218,13 @@ def encode_sentence(run, text: str, norm: dict | None = None) -> Encoded:
       words = list("_".join(text.split()))
     elif corpus == "ptb_char_maupome":
       words = list(tokenize.letters_only(text))
+    elif corpus == "ptb_char_maupome_bigram":
+      words = tokenize.Tokenizer("char_bigram", eos=None)(
+          tokenize.letters_only(text))
     else:
       words = list(" ".join(text.split()))
     missing = [ch for ch in words if ch not in vocab]
-    if missing:
+    if missing and vocab.unk is None:
       raise ValueError(f"sentence {text!r}: character {missing[0]!r} is not "
                        f"in the {corpus} vocabulary, which has no <unk>")
   else:
@@ -226,11 +235,37 @@ def encode_sentence(run, text: str, norm: dict | None = None) -> Encoded:
         dropped.append(w)
       else:
         words.append(w)
+    words = _wikitext_forms(words, vocab)
   oov = [w for w in words if w not in vocab]
   symbols = [w if w in vocab else vocab.unk for w in words]
   if not symbols:
     raise ValueError(f"sentence {text!r} has no symbols to score")
   return Encoded(symbols, words, vocab.encode(symbols), oov, dropped)
+
+
+def _wikitext_forms(words: list[str], vocab) -> list[str]:
+  """PTB-style tokens in WikiText's forms when the vocabulary has them:
+  "did n't" -> "didn 't" (WikiText has "'t" and no "n't"), and a hyphen
+  inside a word the vocabulary lacks -> "@-@" ("well @-@ known")."""
+  if "n't" not in vocab and "'t" in vocab:
+    out = []
+    for w in words:
+      if w == "n't" and out and out[-1][-1:].isalnum():
+        out[-1] += "n"
+        w = "'t"
+      out.append(w)
+    words = out
+  if "@-@" in vocab:
+    out = []
+    for w in words:
+      parts = w.split("-")
+      if len(parts) > 1 and all(parts) and w not in vocab:
+        for i, part in enumerate(parts):
+          out += ["@-@", part] if i else [part]
+      else:
+        out.append(w)
+    words = out
+  return words
 
 
 # ---------------------------------------------------------------- scoring

@@ -115,3 +115,24 @@ def test_runs_without_multi_cell_lstms_are_an_error():
                        r"attention_lstm or assignment_lstm for its S "
                        r"hidden-to-hidden matrices .* cells are \['lstm'\]"):
       fn(run)
+
+
+def test_heatmap_png_heads_each_layers_rows(tmp_path, monkeypatch):
+  """Two attention layers: each layer's sequences under "layer l", as in
+  the HTML (the rows of both layers read alike without it)."""
+  cell = cells.make("attention_lstm", hidden_size=5, num_cells=2)
+  task = _DyckTask(cell)
+  task._setup_model(LanguageModel(cells=(cell, cell), vocab_size=6,
+                                  embed_size=5), None)
+  run = _run(task, task.init_params(jax.random.key(2)))
+  res = attention.attention_map(run, "test", num=2)
+  assert list(res["layers"]) == [0, 1]
+  figs = []
+  monkeypatch.setattr(attention, "save", lambda fig, path: figs.append(fig))
+  attention.plot_heatmap(res, str(tmp_path / "heat.png"))
+  texts = [(t.get_text(), t.get_position()[1]) for t in figs[0].axes[0].texts]
+  heads = [(s, y) for s, y in texts if s.startswith("layer")]
+  assert [s for s, _ in heads] == ["layer 0", "layer 1"]
+  first = [s for s, y in texts if heads[0][1] < y < heads[1][1]]
+  second = [s for s, y in texts if y > heads[1][1]]
+  assert first == second == ["START", "(", "[", "]", ")", "START", "[", "]"]

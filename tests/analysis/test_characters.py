@@ -135,3 +135,24 @@ def test_word_position_needs_a_long_enough_line_before_anything_runs(
     runner.run_analyses(run, ["token_losses", "word_position"],
                         str(tmp_path / "out"), sentence="ab")
   assert not (tmp_path / "out").exists()
+
+
+def test_a_bigram_run_is_refused_as_bigrams_not_words():
+  run = _CharRun(TEXT, corpus="ptb_char_maupome_bigram")
+  with pytest.raises(AnalysisError, match="corpus 'ptb_char_maupome_bigram' "
+                     "is of character bigrams"):
+    ch.position_losses(run, "test")
+
+
+def test_the_title_says_the_overall_loss_counts_boundaries(tmp_path,
+                                                           monkeypatch):
+  """res["overall"] averages every scored symbol, spaces and <eos> too;
+  only the curve leaves boundaries out (the title said the reverse)."""
+  figs = []
+  monkeypatch.setattr(ch, "save", lambda fig, path: figs.append(fig))
+  res = ch.position_losses(_CharRun(TEXT), "test", max_position=3)
+  assert res["overall"]["count"] > sum(res["count"])     # boundaries too
+  ch.plot_positions(res, str(tmp_path / "p.png"))
+  title = figs[0].axes[0].get_title()
+  assert f"overall {res['overall']['bits']:.3f} bits/char (every symbol)" in (
+      title) and "curve leaves out boundaries" in title

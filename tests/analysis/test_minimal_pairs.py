@@ -269,3 +269,36 @@ def test_progress_line_every_interval_and_at_the_end():
       "blimp: 400 of 4,000 sentences (10%), 40 s, ~6.0 min left",
       "blimp: 3,000 of 4,000 sentences (75%), 5.0 min, ~1.7 min left",
       "blimp: 4,000 of 4,000 sentences (100%), 6.7 min"]
+
+
+def test_a_wikitext_vocabulary_reads_its_own_clitics_and_hyphens():
+  """WikiText writes "didn 't" (no "n't") and in-word hyphens as "@-@":
+  PTB's "did n't" and a whole "well-known" were <unk> there."""
+  run = _BigramRun(["<eos>", "<unk>", "The", "actor", "didn", "'t", "can",
+                    "@-@", "well", "known", "laugh", "."], corpus="wikitext2")
+  enc = mp.encode_sentence(run, "The well-known actor didn't laugh.")
+  assert enc.symbols == ["The", "well", "@-@", "known", "actor", "didn",
+                         "'t", "laugh", "."]
+  assert enc.oov == [] and enc.words == enc.symbols
+  assert mp.encode_sentence(run, "can't").symbols == ["can", "'t"]
+  res = mp.evaluate(run, [mp.Pair("The actor didn't laugh.",
+                                  "The well-known actor laugh.", "x")])
+  np.testing.assert_allclose(res["scores"][0], [
+      run.score(["The", "actor", "didn", "'t", "laugh", "."]),
+      run.score(["The", "well", "@-@", "known", "actor", "laugh", "."])],
+      rtol=1e-12)
+  assert res["oov"]["tokens"] == 0
+
+
+def test_the_bigram_corpus_scores_its_bigrams():
+  """ptb_char_maupome_bigram: letters only, each word cut in bigrams, the
+  space its own symbol (it was read as words: every word <unk>)."""
+  run = _BigramRun(["<eos>", "<unk>", " ", "th", "e", "st", "at"],
+                   corpus="ptb_char_maupome_bigram")
+  enc = mp.encode_sentence(run, "The state!")
+  assert enc.symbols == ["th", "e", " ", "st", "at", "e"] and enc.oov == []
+  unseen = mp.encode_sentence(run, "the stare")
+  assert unseen.symbols == ["th", "e", " ", "st", "<unk>", "e"]
+  assert unseen.oov == ["ar"]
+  res = mp.sentence_log_probs(run, "The state!")
+  assert res["total"] == pytest.approx(run.score(enc.symbols))
