@@ -74,12 +74,10 @@ def parse_flags(argv):
     msg = train.unknown_override(FLAGS.config, ["main", arg])
     if msg is not None:
       _flag_error(msg)
-    *parents, leaf = path.split(".")
-    node = FLAGS.config
-    for part in parents:
-      node = node[part]
-    with node.ignore_type():  # an int field's parser would refuse 'None'
-      node[leaf] = value
+    try:
+      train.set_override(FLAGS.config, path, value)
+    except ValueError as e:
+      _flag_error(str(e))
   return rest
 
 

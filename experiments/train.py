@@ -172,16 +172,18 @@ LITERAL_FIELDS = ("model.layers", "model.num_matrices", "model.timescales",
 def literal_overrides(argv) -> tuple[list[str], list[tuple[str, str, Any]]]:
   """argv without the overrides set here, and those as (arg, path, value):
   `--config.<path>=None` (an int field could not be unset from the command
-  line, e.g. the demo's intermediate_size, to train an lstm), and any value
-  of LITERAL_FIELDS, read with `ast.literal_eval` (a ValueError naming the
-  flag when it is not a Python literal). A later override of the same path
-  wins, as absl's last-flag-wins."""
+  line, e.g. the demo's intermediate_size, to train an lstm; nor a field
+  of a layer, `model.layers[0].bias_init`, which ml_collections set to the
+  string 'None'), and any value of LITERAL_FIELDS, read with
+  `ast.literal_eval` (a ValueError naming the flag when it is not a Python
+  literal). A later override of the same path wins, as absl's
+  last-flag-wins."""
   kept, literal = [argv[0]], {}
   for arg in argv[1:]:
     flag, eq, text = arg.partition("=")
     path = flag[len("--config."):] if flag.startswith("--config.") else None
-    if path is not None and eq and "[" not in path and (
-        text == "None" or path in LITERAL_FIELDS):
+    if path is not None and eq and (
+        text == "None" or "[" not in path and path in LITERAL_FIELDS):
       try:
         value = ast.literal_eval(text)
       except (ValueError, SyntaxError):
@@ -194,6 +196,24 @@ def literal_overrides(argv) -> tuple[list[str], list[tuple[str, str, Any]]]:
       literal.pop(path, None)
     kept.append(arg)
   return kept, [(arg, path, v) for path, (arg, v) in literal.items()]
+
+
+def set_override(config, path: str, value) -> None:
+  """config's field at dotted `path` (parts may index a sequence field:
+  `model.layers[0].bias_init`) set to `value`, whatever the field's type
+  (an int field's parser would refuse None)."""
+  *parents, leaf = re.findall(r"[^.\[\]]+|\[-?\d+\]", path)
+  node = config
+  for part in parents:
+    node = node[int(part[1:-1])] if part.startswith("[") else node[part]
+  if leaf.startswith("["):
+    raise ValueError(f"--config.{path}: give a field of the entry, not "
+                     "the entry")
+  if hasattr(node, "ignore_type"):
+    with node.ignore_type():
+      node[leaf] = value
+  else:   # a layer of model.layers: a dict in a tuple
+    node[leaf] = value
 
 
 def bad_path(argv) -> str | None:

@@ -44,7 +44,7 @@ from sorjax.training.metrics import MetricWriter
 from sorjax.training.optim import EarlyStopping, Plateau, better, \
     make_optimizer, selection_of, set_hyperparam, worst
 from sorjax.training.schedules import TemperatureSchedule
-from sorjax.training.tasks import added_fields
+from sorjax.training.tasks import added_fields, as_trained
 
 
 @flax.struct.dataclass
@@ -76,12 +76,22 @@ RESUMABLE = ("train", "figures", "replica_batch_size", "model.remat",
 
 
 def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
+  """Dotted paths to leaves; a list of dicts (model.layers) by index,
+  `layers[0].cell`, so that a layer field one side lacks is read as one
+  added since, not as the whole list differing."""
+  if isinstance(d, list) and d and all(isinstance(x, dict) for x in d):
+    return {k: v for i, x in enumerate(d)
+            for k, v in _flat(x, f"{prefix}[{i}]").items()}
   if not isinstance(d, dict):
     return {prefix: d}
   out = {}
   for k, v in d.items():
     out.update(_flat(v, f"{prefix}.{k}" if prefix else k))
   return out
+
+
+# How `config_changes` shows a field one of the two configs lacks.
+ABSENT = "(absent)"
 
 
 def config_changes(saved: dict, given: dict,
@@ -92,10 +102,13 @@ def config_changes(saved: dict, given: dict,
   did: `base_config()`'s default for its fields (selection.*), `added`'s
   value for a task's fields added since ('data.documents': False for the
   lm task), and for any other field None, "not set", the default of every
-  optional field (such as data.test_batch_size)."""
+  optional field (such as data.test_batch_size). A field the saved
+  version read otherwise than it is written (`tasks.as_trained`) compares
+  as that run read it."""
+  saved, why = as_trained(saved)
   a = _flat(saved)
   b = _flat(json.loads(json.dumps(given)))  # tuples as the saved lists
-  absent = "(absent)"
+  absent = ABSENT
   defaults = {**_flat(json.loads(json.dumps(base_config().to_dict()))),
               **(added or {})}
   out = []
@@ -106,7 +119,8 @@ def config_changes(saved: dict, given: dict,
     if was == absent and b.get(path) is None:
       continue
     if was != b.get(path, absent):
-      out.append(f"{path}: {was!r} -> {b.get(path, absent)!r}")
+      note = f" ({why[path]})" if path in why else ""
+      out.append(f"{path}: {was!r}{note} -> {b.get(path, absent)!r}")
   return out
 
 
@@ -143,10 +157,17 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer) -> None:
   _check_not_shortened(workdir, config, ckpt)
   if changes:
     shown = shown_changes(changes)
+    # fields added since the run was saved: None reads as what it did
+    added = [c.split(":")[0] for c in changes if c.split(": ", 1)[1]
+             .startswith(f"{ABSENT!r} ->")]
+    given_none = (" (a field the run predates: " if len(added) == 1 else
+                  " (fields the run predates: ") + ", ".join(
+                      f"--config.{f}=None" for f in added) + ")"
     raise ConfigError(
         f"{workdir} holds checkpoints trained with another config ({path}): "
         f"{shown} (saved -> given). Resuming would continue those weights "
-        "under the new values. Give the saved values, or train in a new "
+        "under the new values. Give the saved values"
+        f"{given_none if added else ''}, or train in a new "
         f"--workdir; only {', '.join(RESUMABLE)} may change on resume")
 
 

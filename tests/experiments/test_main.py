@@ -144,9 +144,9 @@ def test_none_and_literal_overrides_are_taken_out_and_the_last_flag_wins():
           "--config.model.locked_dropout=('output',)"]
   kept, literal = launcher.literal_overrides(argv)
   assert kept == ["main", "--config=c.py", "--config.seed=3",
-                  "--config.a[0]=None", "--workdir=None"]
+                  "--workdir=None"]
   assert [(p, v) for _, p, v in literal] == [
-      ("model.intermediate_size", None),
+      ("model.intermediate_size", None), ("a[0]", None),
       ("model.timescales", ("inverse_gamma", 0.5)),
       ("model.num_matrices", 3), ("model.locked_dropout", ("output",))]
   with pytest.raises(ValueError, match=r"flag --config.model.timescales="

@@ -31,6 +31,24 @@ def added_fields(task: str | None) -> dict:
   return {f"data.{k}": v for k, v in fields.items()}
 
 
+def as_trained(saved: dict) -> tuple[dict, dict[str, str]]:
+  """A saved config (a run's config.json, or a checkpoint's copy) as the
+  version that trained the run read it, where a field written then means
+  something else now (the task's `as_trained`), and {dotted path: why}
+  for each field read otherwise than written; (saved, {}) when none is."""
+  if saved.get("task") not in _TASKS:
+    return saved, {}
+  from sorjax.training.tasks.common import unread_as_trained
+  saved, why = unread_as_trained(saved)
+  module, cls = _TASKS[saved["task"]]
+  read = getattr(getattr(importlib.import_module(
+      f"sorjax.training.tasks.{module}"), cls), "as_trained", None)
+  if read is not None:
+    saved, more = read(saved)
+    why = {**why, **more}
+  return saved, why
+
+
 def make_task(config):
   """Builds config.task; every config error surfaces here, before any
   compilation, as a ConfigError naming the field."""

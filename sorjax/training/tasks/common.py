@@ -182,6 +182,62 @@ def refuse_lm_fields(m: ml_collections.ConfigDict, task: str) -> None:
                         f"{task} task's model does not: leave it False")
 
 
+def with_fields(saved: dict, fields: dict[str, Any]) -> dict:
+  """`saved` (a config as nested dicts) with each dotted path of `fields`
+  set, sections copied, not changed in place."""
+  out = dict(saved)
+  for path, value in fields.items():
+    *parents, leaf = path.split(".")
+    node = out
+    for part in parents:
+      node[part] = dict(node.get(part) or {})
+      node = node[part]
+    node[leaf] = value
+  return out
+
+
+def unread_as_trained(saved: dict) -> tuple[dict, dict[str, str]]:
+  """For `tasks.as_trained`: fields of a saved config that no version read
+  with its other settings, and that this one refuses when set (each
+  naming the default to leave it at): they read as that default, which
+  is what the run trained with. Refused, such a run could be neither
+  restored nor resumed: a config.json edited back to the default is not
+  the config its checkpoints were trained with. Every task: optimizer and
+  schedule fields the chosen ones do not read, a token model's
+  hidden_dropout with one layer (it drops between layers), and the
+  uniform stack's fields beside model.layers (`check_layers`)."""
+  from sorjax.training.config import base_config
+  from sorjax.training.optim import OPTIMIZER_READS, SCHEDULE_READS
+  fields, why = {}, {}
+
+  def unread(path, value, default, reader):
+    fields[path] = default
+    why[path] = (f"config.json's {value!r}, which {reader} does not read "
+                 "and no version did")
+
+  optim, defaults = saved.get("optim") or {}, base_config().optim
+  for reads, chosen in ((OPTIMIZER_READS, optim.get("name")),
+                        (SCHEDULE_READS, optim.get("schedule", "constant"))):
+    if chosen not in reads:     # refused as unknown, not as unread
+      continue
+    for k in sorted({k for v in reads.values() for k in v}
+                    - set(reads[chosen])):
+      if optim.get(k) is not None and optim[k] != defaults.get(k):
+        unread(f"optim.{k}", optim[k], defaults.get(k), f"{chosen!r}")
+  m = saved.get("model") or {}
+  if (saved.get("task") != "trees" and m.get("hidden_dropout")
+      and len(m.get("layers") or ()) <= 1 and m.get("num_layers", 1) == 1):
+    unread("model.hidden_dropout", m["hidden_dropout"], 0.0,
+           "a one-layer stack")
+  if m.get("layers"):
+    for k in ("cell", "hidden_size", *CELL_HPARAMS):
+      if m.get(k) is not None:
+        unread(f"model.{k}", m[k], None, "a model.layers stack")
+    if m.get("num_layers", 1) not in (1, len(m["layers"])):
+      unread("model.num_layers", m["num_layers"], 1, "a model.layers stack")
+  return (with_fields(saved, fields), why) if fields else (saved, {})
+
+
 def trunk_kwargs(m: ml_collections.ConfigDict,
                  activation_reg: bool = False) -> dict[str, Any]:
   """The RecurrentTrunk fields of model config m. activation_reg: whether

@@ -27,9 +27,9 @@ from sorjax.data import batching, dyck, pcfg
 from sorjax.models import DyckModel
 from sorjax.training.tasks.base import (EpochBatches, EpochModelTask,
                                         masked_mean, step_mask)
-from sorjax.training.tasks.common import BATCH_FIELDS, ConfigError, \
-    build_model, check_ints, check_scale, head_fields, refuse_lm_fields, \
-    trunk_kwargs
+from sorjax.training.tasks.common import BATCH_FIELDS, LM_ONLY_FIELDS, \
+    ConfigError, build_model, check_ints, check_scale, head_fields, \
+    refuse_lm_fields, trunk_kwargs, with_fields
 
 _BUCKET_FIELDS = {"num_buckets": 1, "bucket_multiple": 1}
 
@@ -80,6 +80,40 @@ def _dyck_splits(d):
                 for s, spec in specs.items()}
 
 
+def _preset_counts_as_trained(saved: dict) -> tuple[dict, dict[str, str]]:
+  """Until session 41 the split counts beside data.preset were not read:
+  the preset's own were sampled. A config.json written then (it lacks
+  model.head_units, a field of session 41) reads as those counts
+  (`tasks.as_trained`)."""
+  data, model = saved.get("data") or {}, saved.get("model") or {}
+  preset = dyck.PRESETS.get(data.get("preset"))
+  if preset is None or "head_units" in model:
+    return saved, {}
+  counts = {_COUNTS[s]: spec.num for s, spec in preset.splits}
+  unread = {k: n for k, n in counts.items() if data.get(k) not in (None, n)}
+  if not unread:
+    return saved, {}
+  why = {f"data.{k}": f"config.json's {data[k]!r} beside data.preset, "
+                      f"which runs before session 41 did not read: they "
+                      f"sampled the preset's {n}" for k, n in unread.items()}
+  return {**saved, "data": {**data, **unread}}, why
+
+
+def _dyck_as_trained(saved: dict) -> tuple[dict, dict[str, str]]:
+  """`tasks.as_trained` for dyck_lm / dyck_closing: the preset's counts
+  (`_preset_counts_as_trained`), and model.tie_embedding /
+  tie_projection, which no Dyck task read, as False."""
+  saved, why = _preset_counts_as_trained(saved)
+  m = saved.get("model") or {}
+  tied = [k for k in LM_ONLY_FIELDS if m.get(k)]
+  if not tied:
+    return saved, why
+  return with_fields(saved, {f"model.{k}": False for k in tied}), {
+      **why, **{f"model.{k}": f"config.json's {m[k]!r}, which the Dyck "
+                              "tasks do not read and never did"
+                for k in tied}}
+
+
 def _boundaries(lengths, d):
   return batching.length_boundaries(lengths, d.num_buckets, d.bucket_multiple)
 
@@ -109,6 +143,7 @@ class DyckLM(EpochModelTask):
 
   _head = "next_token"
   _num_outputs = None
+  as_trained = staticmethod(_dyck_as_trained)
 
   # ---------------------------------------------------------------- train
   @staticmethod

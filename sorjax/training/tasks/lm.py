@@ -41,7 +41,8 @@ from sorjax.training.config import fields_set
 from sorjax.training.tasks.base import EpochBatches, ModelTask, \
     masked_mean, step_mask
 from sorjax.training.tasks.common import ConfigError, activation_regs, \
-    build_model, check_bools, check_ints, refuse_head_fields, trunk_kwargs
+    build_model, check_bools, check_ints, refuse_head_fields, \
+    trunk_kwargs, with_fields
 
 log = logging.getLogger(__name__)
 
@@ -160,9 +161,22 @@ def _token_prefixes(split_ids: dict, d) -> dict:
   return out
 
 
+def _lm_as_trained(saved: dict) -> tuple[dict, dict[str, str]]:
+  """`tasks.as_trained` for the lm task: data.pad_to with fixed windows
+  (no data.variable_bptt), refused now and never read, as None."""
+  d = saved.get("data") or {}
+  if d.get("pad_to") is None or d.get("variable_bptt") or d.get(
+      "documents"):
+    return saved, {}
+  return with_fields(saved, {"data.pad_to": None}), {"data.pad_to": (
+      f"config.json's {d['pad_to']!r}, which fixed windows (data."
+      "variable_bptt False) do not read and never did")}
+
+
 class LanguageModelTask(ModelTask):
   name = "lm"
   ADDED_FIELDS = ADDED_FIELDS
+  as_trained = staticmethod(_lm_as_trained)
 
   def __init__(self, config):
     refuse_head_fields(config.model, self.name)

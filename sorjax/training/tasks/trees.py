@@ -20,6 +20,7 @@ once and evaluated by one jitted function that returns the sums.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 
 import jax
@@ -33,7 +34,8 @@ from sorjax.data.vocab import Vocab
 from sorjax.models.tree_classifier import TreeClassifier, loss_and_accuracy
 from sorjax.training.config import fields_set
 from sorjax.training.tasks.common import BATCH_FIELDS, CELL_HPARAMS, \
-    ConfigError, check_bools, check_ints, check_scale, model_config
+    ConfigError, check_bools, check_ints, check_scale, model_config, \
+    with_fields
 
 log = logging.getLogger(__name__)
 _STEP_KEYS = ("node", "left", "right", "step_mask")
@@ -70,8 +72,42 @@ def _check_unread_model_fields(m) -> None:
         f"the same size); leave it at its default {defaults[k]!r}")
 
 
+def _trees_as_trained(saved: dict) -> tuple[dict, dict[str, str]]:
+  """`tasks.as_trained` for the trees task: the fields it refuses as not
+  read (`_check_unread_model_fields`, a cell hyperparameter the tree cell
+  lacks, the keyword generator's fields with SST, data.binary with the
+  keyword trees), which no version read (runs before session 39 passed
+  the tree cell no hyperparameter but activation), as their defaults."""
+  m, d = saved.get("model") or {}, saved.get("data") or {}
+  defaults = dict(model_config().items(), assignment=None)
+  fields = {f"model.{k}": defaults[k] for k in fields_set(
+      m, defaults, [k for k in defaults if k not in TREE_MODEL_FIELDS
+                    and k not in CELL_HPARAMS])}
+  if m.get("cell") in cells_lib.TREE_CELLS:
+    has = {f.name for f in dataclasses.fields(cells_lib.cell_class(m["cell"]))}
+    fields.update({f"model.{k}": None for k in CELL_HPARAMS
+                   if m.get(k) is not None and k not in has})
+  if d.get("dataset") == "sst":
+    fields.update({f"data.{k}": v for k, v in _GENERATOR.items()
+                   if k in fields_set(d, _GENERATOR)})
+  elif d.get("binary"):
+    fields["data.binary"] = False
+  if not fields:
+    return saved, {}
+  why = {p: f"config.json's {saved[p.split('.')[0]][p.split('.')[1]]!r}, "
+            "which the trees task does not read and never did"
+         for p in fields}
+  return with_fields(saved, fields), why
+
+
+# The keyword trees' generator's fields, with their defaults: not read for
+# SST, which is read whole.
+_GENERATOR = {"experiment": "length", "index": 1, "scale": 1.0}
+
+
 class TreeTask:
   name = "trees"
+  as_trained = staticmethod(_trees_as_trained)
   aux = frozenset()   # its models take no aux inputs (no temperature)
   replicated_keys = _STEP_KEYS   # not split over devices: schedule arrays
 
@@ -148,13 +184,12 @@ class TreeTask:
 
   def _sst(self, d):
     from sorjax.data import builders
-    generator = {"experiment": "length", "index": 1, "scale": 1.0}
-    unread = fields_set(d, generator)   # the keyword trees' generator's
+    unread = fields_set(d, _GENERATOR)   # the keyword trees' generator's
     if unread:
       k = unread[0]
       raise ConfigError(f"data.{k}={d[k]!r} applies to data.dataset="
                         f"'keyword' only; SST is read whole (leave it at "
-                        f"{generator[k]!r})")
+                        f"{_GENERATOR[k]!r})")
     try:
       b = builders.prepare("sst", d.get("data_dir"), d.get("manual_dir"))
       source = b.as_data_source()
