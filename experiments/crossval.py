@@ -33,6 +33,7 @@ from experiments import train
 from experiments.results import (ResultsError, fold_stats, per_replica,
                                  replica_means)
 from sorjax.checks import WriteError, output_dir_problem, write_text
+from sorjax.training.checkpoint import complete_steps
 from sorjax.training.interrupt import Interrupted
 from sorjax.training.tasks.common import ConfigError
 from sorjax.training.workdir_lock import WorkdirInUse
@@ -100,13 +101,8 @@ def run_fold(config, fold: int, workdir: str) -> dict:
 
 
 def _latest_step(wd: str) -> int | None:
-  """The newest checkpoint step in `wd` (None without one)."""
-  try:
-    steps = [int(n) for n in os.listdir(os.path.join(wd, "checkpoints"))
-             if n.isdigit()]
-  except OSError:
-    return None
-  return max(steps, default=None)
+  """The newest complete checkpoint step in `wd` (None without one)."""
+  return max(complete_steps(os.path.join(wd, "checkpoints")), default=None)
 
 
 def _fold_config(config, fold: int):

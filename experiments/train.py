@@ -9,8 +9,8 @@ import difflib
 import importlib.util
 import inspect
 import logging as std_logging
-import os
 import json
+import os
 import re
 import sys
 import time

@@ -38,7 +38,7 @@ def _reason(e: BaseException) -> str:
   return str(reason).split(" [tensorstore_spec=")[0][:300]
 
 
-def _complete_steps(folder: str) -> list[int]:
+def complete_steps(folder: str) -> list[int]:
   """The steps orbax finished saving in `folder` (its int-named folders;
   a save in progress or cut short is named `<step>.orbax-checkpoint-tmp`)."""
   try:
@@ -163,7 +163,7 @@ class Checkpointer:
       yield
     except (OSError, ValueError, RuntimeError) as e:
       latest = os.path.join(self.workdir, "checkpoints")
-      steps = _complete_steps(latest)
+      steps = complete_steps(latest)
       kept = (f"{latest}/{steps[-1]} is its last complete checkpoint: free "
               "space (or make the folder writable) and run the same "
               "command again to resume from it" if steps else

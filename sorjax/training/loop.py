@@ -40,7 +40,7 @@ from sorjax.checks import write_text
 from sorjax.training import asgd, interrupt, workdir_lock
 from sorjax.training.checkpoint import Checkpointer
 from sorjax.training.config import base_config, fields_set
-from sorjax.training.metrics import MetricWriter
+from sorjax.training.metrics import MetricWriter, json_lines
 from sorjax.training.optim import EarlyStopping, Plateau, better, \
     make_optimizer, selection_of, set_hyperparam, worst
 from sorjax.training.schedules import TemperatureSchedule
@@ -762,22 +762,11 @@ def _truncate_metrics(workdir: str, step: int, mid_epoch: bool = False
       return rec["step"] < step
     return step > 0 and (not mid_epoch or rec.get("split") == "train")
 
-  keep = []
-  for i, line in enumerate(lines, 1):
-    if not line.strip():
-      continue
-    try:
-      rec = json.loads(line)
-    except json.JSONDecodeError as e:
-      if i == len(lines) and not line.endswith("\n"):
-        # the last write of a run stopped mid-line (a full disk): after
-        # its last checkpoint, as every line that run wrote after it
-        logging.warning("%s:%d: dropped a line cut short by the run that "
-                        "wrote it: %r", path, i, line[:80])
-        continue
-      raise ValueError(f"{path}:{i}: not a JSON line ({e}); repair or "
-                       "delete that line to resume the run") from None
-    if kept(rec):
-      keep.append(line)
+  # a last line cut short (a full disk) was written after the run's last
+  # checkpoint, as every line that run wrote after it: dropped
+  keep = [line for line, rec in json_lines(
+              path, lines, drop_cut_last=True,
+              remedy="; repair or delete that line to resume the run")
+          if kept(rec)]
   if keep != lines:  # written whole: a failed write keeps the old file
     write_text(path, "".join(keep), "; the run has not resumed")

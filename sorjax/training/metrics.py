@@ -14,6 +14,7 @@ import time
 from typing import Mapping
 
 import numpy as np
+from absl import logging
 
 from sorjax.checks import write_error
 
@@ -90,15 +91,26 @@ def read_metrics(workdir: str, split: str | None = None) -> list[dict]:
   path = os.path.join(workdir, "metrics.jsonl")
   if not os.path.exists(path):
     raise FileNotFoundError(f"no metrics file {path}")
-  out = []
   with open(path, encoding="utf-8") as f:
-    for i, line in enumerate(f, 1):
-      if not line.strip():
+    return [rec for _, rec in json_lines(path, f.readlines())
+            if split is None or rec.get("split") == split]
+
+
+def json_lines(path: str, lines: list[str], drop_cut_last: bool = False,
+               remedy: str = ""):
+  """(line, record) of each non-blank line of `lines` (those of `path`);
+  a line that is not JSON is a ValueError naming `path:N` (then
+  `remedy`). drop_cut_last: a last line without its newline, cut short
+  by a write that stopped (a full disk), is dropped with a warning."""
+  for i, line in enumerate(lines, 1):
+    if not line.strip():
+      continue
+    try:
+      yield line, json.loads(line)
+    except json.JSONDecodeError as e:
+      if drop_cut_last and i == len(lines) and not line.endswith("\n"):
+        logging.warning("%s:%d: dropped a line cut short by the run that "
+                        "wrote it: %r", path, i, line[:80])
         continue
-      try:
-        rec = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{i}: not a JSON line ({e})") from None
-      if split is None or rec.get("split") == split:
-        out.append(rec)
-  return out
+      raise ValueError(f"{path}:{i}: not a JSON line ({e}){remedy}"
+                       ) from None
