@@ -13,6 +13,7 @@ footprint including parameters and inputs.
 from __future__ import annotations
 
 import os
+import re
 import time
 from typing import Any, Callable
 
@@ -222,33 +223,54 @@ def cudnn_case(spec: dict) -> JaxCase:
 def stepmm_case(spec: dict) -> JaxCase:
   """The recurrent matmul alone: T dependent [B, K] x [K, N] products in a
   lax.scan (forward only; K = spec["K"], H by default; N = spec["N"], 4H
-  by default), each through `layer_scan.step_product` as sorjax's loops
-  multiply (its layout on CPU): the floor under the step of any cell that
-  multiplies its state by a [K, N] matrix. The next step's [B, K] is the
-  sum of the product's K-wide column blocks over sqrt(N / K) (N a
-  multiple of K) or the product tiled K / N times (K a multiple of N): it
-  needs every column, and its scale stays put (no denormals)."""
+  by default), in the layout sorjax's loops multiply in on this backend:
+  gate-major where `layer_scan.step_product` is (on CPU, W^T [N, K] made
+  once times the state kept as h^T [K, B], as the LSTM layer's gate-major
+  loop multiplies), a @ W otherwise. The floor under the step of any cell
+  that multiplies its state by a [K, N] matrix: the product and nothing
+  else. The next step's state is the product's first K columns (N >= K)
+  or the state with its first N columns replaced by the product (N < K,
+  in place): no reduction or transpose is timed with the product (a
+  column-block sum there cost 4% and step_product's transpose back to
+  [B, N] 4% of a chain at B=64 K=512 N=2048; BUILD_NOTES "Per-step product
+  chains"), and W ~ N(0, 1/K) keeps the state's scale (no denormals).
+  `check_stepmm_dot` verifies that XLA kept the whole [K, N] product."""
   B, T, H = spec["B"], spec["T"], spec["H"]
   K, N = spec.get("K", H), spec.get("N", 4 * H)
-  if N % K and K % N:
-    raise ValueError(f"jax_worker: stepmm needs N a multiple of K or K of "
-                     f"N, got K={K} N={N}")
   kh, kw = jax.random.split(jax.random.key(0))
   h0 = jax.random.normal(kh, (B, K), jnp.float32)
   W = jax.random.normal(kw, (K, N), jnp.float32) / np.sqrt(K)
+  gate_major = (jax.default_backend() == "cpu"
+                and layer_scan.gate_major_step(B, K, N))
 
   def fn(h0, W):
-    times_W = layer_scan.step_product(W)
+    if gate_major:  # the barrier keeps W^T in memory: XLA folding it into
+      Wt = jax.lax.optimization_barrier(W.T)  # the dot ran 4x slower
+      def body(hT, _):                        # [K, B] -> [N, B]
+        yT = Wt @ hT
+        return yT[:K] if N >= K else hT.at[:N].set(yT), None
+      return jax.lax.scan(body, h0.T, None, length=T)[0].T
 
-    def body(h, _):
-      z = times_W(h)
-      if N >= K:
-        z = jnp.sum(z.reshape(B, N // K, K), axis=1) * (K / N) ** 0.5
-        return z, None
-      return jnp.tile(z, (1, K // N)), None
+    def body(h, _):                           # [B, K] -> [B, N]
+      y = h @ W
+      return y[:, :K] if N >= K else h.at[:, :N].set(y), None
     return jax.lax.scan(body, h0, None, length=T)[0]
 
-  return JaxCase(fn, (h0, W), {"tokens_per_step": B * T})
+  case = JaxCase(fn, (h0, W), {"tokens_per_step": B * T})
+  check_stepmm_dot(case.compiled.as_text(), B, K, N)
+  return case
+
+
+def check_stepmm_dot(hlo: str, B: int, K: int, N: int) -> None:
+  """Raises unless the compiled chain `hlo` multiplies a [B, K] state by
+  the whole [K, N] weight: XLA may narrow a dot whose output is sliced,
+  which would time a smaller product than the FLOPs counted."""
+  shapes = re.findall(r"= f32\[([\d,]*)\][^ ]* dot\(", hlo)
+  if not any(sorted(map(int, s.split(","))) == sorted((B, N))
+             for s in shapes if s):
+    raise RuntimeError(f"jax_worker: the stepmm chain's dot is not the "
+                       f"whole [{B}, {K}] x [{K}, {N}] product; compiled "
+                       f"dots: {shapes}")
 
 
 def matmul_case(spec: dict) -> JaxCase:

@@ -96,30 +96,42 @@ def test_step_products_and_ceiling_hand_counts():
   assert flops.ceiling("dyck_rnn", {"hidden_size": 2}, 2, {}) is None
 
 
-@pytest.mark.parametrize("K,N", [(4, 16), (16, 4), (8, 8)])
-def test_stepmm_chain_multiplies_k_by_n_every_step(K, N):
+@pytest.mark.parametrize("B,K,N", [(3, 4, 16), (3, 16, 4), (3, 8, 8),
+                                   (3, 6, 4), (32, 256, 1024),
+                                   (32, 1024, 256)])
+def test_stepmm_chain_multiplies_k_by_n_every_step(B, K, N):
   """The chain's worker case: T dependent [B, K] x [K, N] products, the
-  next step's input the column blocks' scaled sum or the tiled product,
-  against a NumPy loop."""
+  next step's state the product's first K columns or the state with its
+  first N columns replaced, against a NumPy loop; the last two shapes run
+  gate-major on CPU (`layer_scan.gate_major_step`)."""
   from benchmarks import jax_worker
-  B, T = 3, 4
+  T = 4
   case = jax_worker.stepmm_case(dict(B=B, T=T, H=8, K=K, N=N))
   h0, W = (np.asarray(a, np.float64) for a in case.args)
   h = h0
   for _ in range(T):
     z = h @ W
-    h = (z.reshape(B, N // K, K).sum(1) * (K / N) ** 0.5 if N >= K
-         else np.tile(z, (1, K // N)))
+    if N >= K:
+      h = z[:, :K]
+    else:
+      h = h.copy()
+      h[:, :N] = z
   np.testing.assert_allclose(case.compiled(*case.args), h, rtol=1e-4,
-                             atol=1e-5)
+                             atol=1e-4)
   assert specs.label(dict(impl="stepmm", framework="jax", B=B, T=T, H=8,
                           K=K, N=N)) == f"XLA per-step [{K}, {N}] product (fwd)"
 
 
-def test_stepmm_chain_refuses_shapes_it_cannot_chain():
+def test_stepmm_dot_check_refuses_a_narrowed_product():
+  """A chain whose compiled dot is narrower than [K, N] (XLA may narrow a
+  sliced dot) would time less than the FLOPs counted: refused by name."""
   from benchmarks import jax_worker
-  with pytest.raises(ValueError, match="K=6 N=4"):
-    jax_worker.stepmm_case(dict(B=2, T=2, H=4, K=6, N=4))
+  hlo = "%d = f32[64,512]{1,0} dot(%a, %b), lhs_contracting_dims={1}"
+  jax_worker.check_stepmm_dot(hlo, 64, 512, 512)
+  with pytest.raises(RuntimeError, match=r"\[64, 512\] x \[512, 2048\]"):
+    jax_worker.check_stepmm_dot(hlo, 64, 512, 2048)
+  jax_worker.check_stepmm_dot(hlo.replace("64,512", "2048,64"), 64, 512,
+                              2048)  # gate-major: [N, B]
 
 
 def test_jax_step_forms_no_input_gradient():
