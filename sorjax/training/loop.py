@@ -94,10 +94,31 @@ def _flat(d: Any, prefix: str = "") -> dict[str, Any]:
 ABSENT = "(absent)"
 
 
+class Change(str):
+  """One entry of `config_changes`: the text 'path: saved -> given' (what
+  the error messages show), with its parts as attributes, so that readers
+  need not parse the text. `saved` is ABSENT for a field the saved config
+  lacks and nothing says what that run did; `predates` says so."""
+
+  path: str
+  saved: Any
+  given: Any
+
+  def __new__(cls, path: str, saved: Any, given: Any, note: str = ""):
+    self = super().__new__(cls, f"{path}: {saved!r}{note} -> {given!r}")
+    self.path, self.saved, self.given = path, saved, given
+    return self
+
+  @property
+  def predates(self) -> bool:
+    """Whether the run predates the field (the saved config lacks it)."""
+    return isinstance(self.saved, str) and self.saved == ABSENT
+
+
 def config_changes(saved: dict, given: dict,
-                   added: dict[str, Any] | None = None) -> list[str]:
+                   added: dict[str, Any] | None = None) -> list[Change]:
   """The fields, outside RESUMABLE, whose values differ between the saved
-  config and the given one, as 'path: saved -> given'. A field that the
+  config and the given one, as `Change`s ('path: saved -> given'). A field that the
   saved config lacks (one added since that run) reads as what that run
   did: `base_config()`'s default for its fields (selection.*), `added`'s
   value for a task's fields added since ('data.documents': False for the
@@ -120,7 +141,7 @@ def config_changes(saved: dict, given: dict,
       continue
     if was != b.get(path, absent):
       note = f" ({why[path]})" if path in why else ""
-      out.append(f"{path}: {was!r}{note} -> {b.get(path, absent)!r}")
+      out.append(Change(path, was, b.get(path, absent), note))
   return out
 
 
@@ -158,8 +179,7 @@ def check_resumable(workdir: str, config, ckpt: Checkpointer) -> None:
   if changes:
     shown = shown_changes(changes)
     # fields added since the run was saved: None reads as what it did
-    added = [c.split(":")[0] for c in changes if c.split(": ", 1)[1]
-             .startswith(f"{ABSENT!r} ->")]
+    added = [c.path for c in changes if c.predates]
     given_none = (" (a field the run predates: " if len(added) == 1 else
                   " (fields the run predates: ") + ", ".join(
                       f"--config.{f}=None" for f in added) + ")"

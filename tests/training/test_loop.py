@@ -335,8 +335,25 @@ def test_config_changes_lists_each_differing_field():
   given = {"model": {"h": 5, "remat": True, "new": 1},
            "train": {"max_steps": 9}, "sizes": (1, 2),
            "data": {"data_dir": "/b", "k": 2}}
-  assert config_changes(saved, given) == [
-      "model.h: 4 -> 5", "model.new: '(absent)' -> 1"]
+  changes = config_changes(saved, given)
+  assert changes == ["model.h: 4 -> 5", "model.new: '(absent)' -> 1"]
+  # the parts, for readers that must not parse the text
+  (h, new) = changes
+  assert (h.path, h.saved, h.given, h.predates) == ("model.h", 4, 5, False)
+  assert (new.path, new.given, new.predates) == ("model.new", 1, True)
+
+
+def test_a_change_names_its_field_whatever_its_text():
+  """Readers take a change's path and whether the run predates the field
+  from its attributes: a key holding ': ' cut the path short when the
+  text was split at its first colon."""
+  from sorjax.training.loop import config_changes
+  saved = {"model": {"cell": "lstm"}}
+  given = {"model": {"cell": "gru", "odd: key": 3}}
+  assert [(c.path, c.saved, c.given, c.predates)
+          for c in config_changes(saved, given)] == [
+              ("model.cell", "lstm", "gru", False),
+              ("model.odd: key", "(absent)", 3, True)]
 
 
 def test_a_run_from_before_selection_existed_resumes(tmp_path):
