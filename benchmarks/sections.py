@@ -104,8 +104,9 @@ def _ceiling_text(g: "Group", chains: dict, ceil: float | None) -> str:
   parts = ", ".join(f"[{K}, {N}] {f_pct(g.fraction(c))}"
                     for (K, N), c in chains.items())
   return ("Per-step products alone (T dependent products in a scan, "
-          "through `layer_scan.step_product` as the loops run them; "
-          f"forward and backward shapes): {parts} of the roofline. With "
+          "each step's state the last product's first columns, in the "
+          "layout the loops multiply in; forward and backward shapes): "
+          f"{parts} of the roofline. With "
           "those products at these rates, every other product at the "
           "roofline and the elementwise work free, a training step would "
           f"reach {f_pct(ceil)} of the roofline: the *ceiling*.")
