@@ -233,7 +233,8 @@ def stepmm_case(spec: dict) -> JaxCase:
   in place): no reduction or transpose is timed with the product (a
   column-block sum there cost 4% and step_product's transpose back to
   [B, N] 4% of a chain at B=64 K=512 N=2048; BUILD_NOTES "Per-step product
-  chains"), and W ~ N(0, 1/K) keeps the state's scale (no denormals).
+  chains timed alone"), and W ~ N(0, 1/K) keeps the state's scale (no
+  denormals).
   `check_stepmm_dot` verifies that XLA kept the whole [K, N] product."""
   B, T, H = spec["B"], spec["T"], spec["H"]
   K, N = spec.get("K", H), spec.get("N", 4 * H)
@@ -245,7 +246,7 @@ def stepmm_case(spec: dict) -> JaxCase:
 
   def fn(h0, W):
     if gate_major:  # the barrier keeps W^T in memory: XLA folding it into
-      Wt = jax.lax.optimization_barrier(W.T)  # the dot ran 4x slower
+      Wt = jax.lax.optimization_barrier(W.T)  # the dot ran 3-4x slower
       def body(hT, _):                        # [K, B] -> [N, B]
         yT = Wt @ hT
         return yT[:K] if N >= K else hT.at[:N].set(yT), None

@@ -37,18 +37,22 @@ class Interrupted(KeyboardInterrupt):
 def deferred():
   """Yields the list of signals received while inside (empty until one
   comes). Outside the main thread, where Python delivers no signal, it
-  changes nothing."""
+  changes nothing. A signal the process ignores stays ignored: a run
+  started in the background by a shell without job control (`cmd &`,
+  `nohup`) has SIGINT ignored so that Ctrl-C in that terminal leaves it
+  alone, and it still does."""
   got: list[int] = []
   if threading.current_thread() is not threading.main_thread():
     yield got
     return
-  old = {s: signal.getsignal(s) for s in SIGNALS}
+  old = {s: h for s in SIGNALS
+         if (h := signal.getsignal(s)) is not signal.SIG_IGN}
 
   def record(signum, frame):
     got.append(signum)
     signal.signal(signum, old[signum])  # the next one acts as usual
 
-  for s in SIGNALS:
+  for s in old:
     signal.signal(s, record)
   try:
     yield got

@@ -260,17 +260,38 @@ def test_a_signal_saves_the_step_and_the_rerun_ends_as_uninterrupted(
   from sorjax.training.checkpoint import Checkpointer
   from sorjax.training.interrupt import Interrupted
   full = run(tmp_path / "full")
-  with pytest.raises(Interrupted, match=rf"{signal.Signals(signum).name} at "
-                     rf"step {step}: saved .*checkpoints/{step}") as e:
-    run(tmp_path / "cut", task=SignalledTask(signum, at))
-  assert e.value.exit_code == 128 + signum
-  assert signal.getsignal(signum) in (signal.default_int_handler,
-                                      signal.SIG_DFL)  # handlers restored
+  # the handlers of a terminal's process (pytest started with `&` or nohup
+  # inherits SIGINT ignored, which the loop leaves alone: the next test)
+  before = {signal.SIGINT: signal.default_int_handler,
+            signal.SIGTERM: signal.SIG_DFL}[signum]
+  inherited = signal.signal(signum, before)
+  try:
+    with pytest.raises(Interrupted, match=rf"{signal.Signals(signum).name} "
+                       rf"at step {step}: saved .*checkpoints/{step}") as e:
+      run(tmp_path / "cut", task=SignalledTask(signum, at))
+    assert e.value.exit_code == 128 + signum
+    assert signal.getsignal(signum) is before  # handlers restored
+  finally:
+    signal.signal(signum, inherited)
   ck = Checkpointer(str(tmp_path / "cut"), read_only=True)
   assert ck.latest_step() == step
   ck.close()
   resumed = run(tmp_path / "cut")
   np.testing.assert_array_equal(resumed.params["w"], full.params["w"])
+
+
+def test_a_signal_the_process_ignores_leaves_the_run_alone(tmp_path):
+  """A run started in the background by a shell without job control has
+  SIGINT ignored (Ctrl-C in that terminal must not reach it): the loop
+  keeps it ignored, and the run ends as an uninterrupted one."""
+  full = run(tmp_path / "full")
+  inherited = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    cut = run(tmp_path / "cut", task=SignalledTask(signal.SIGINT, 102))
+    assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN
+  finally:
+    signal.signal(signal.SIGINT, inherited)
+  np.testing.assert_array_equal(cut.params["w"], full.params["w"])
 
 
 def test_resume_with_plateau_state_equals_uninterrupted(tmp_path):
