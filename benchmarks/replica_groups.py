@@ -63,15 +63,24 @@ class GroupStep:
     return time.perf_counter() - t0
 
 
+def config(spec: str):
+  """The config of `spec`, module[:string] of experiments/configs."""
+  name, _, string = spec.partition(":")
+  module = importlib.import_module(f"experiments.configs.{name}")
+  if not hasattr(module, "get_config"):   # e.g. common, _options
+    from sorjax.training.tasks.common import ConfigError
+    raise ConfigError(f"experiments/configs/{name}.py is no config (it has "
+                      "no get_config)")
+  return module.get_config(string) if string else module.get_config()
+
+
 def time_config(spec: str, replicas: int, groups, rounds: int,
                 min_s: float) -> str:
   """One line: the step's median time at each group size (the trainer's
   scratch work directory removed after)."""
   from sorjax.training.loop import Trainer
   from sorjax.training.tasks import make_task
-  name, _, string = spec.partition(":")
-  module = importlib.import_module(f"experiments.configs.{name}")
-  cfg = module.get_config(string) if string else module.get_config()
+  cfg = config(spec)
   cfg.num_replicas = replicas
   cfg.train.tensorboard = False
   task = make_task(cfg)
@@ -125,7 +134,8 @@ def main(argv=None):
              f"joined by ',', got {args.groups!r}")
   for spec in args.configs:   # every config found before any compiles
     name = spec.partition(":")[0]
-    if importlib.util.find_spec(f"experiments.configs.{name}") is None:
+    if not (name.isidentifier() and importlib.util.find_spec(
+        f"experiments.configs.{name}")):  # "a.b" would import a
       ap.error(f"config {spec!r}: no module experiments/configs/{name}.py")
   if args.cpu_devices is not None:
     from experiments.train import force_cpu_devices
@@ -133,6 +143,12 @@ def main(argv=None):
       force_cpu_devices(args.cpu_devices)
     except (ValueError, RuntimeError) as e:
       ap.error(f"--cpu-devices: {e}")
+  from sorjax.training.tasks.common import ConfigError
+  for spec in args.configs:   # a bad string too, not after the others' runs
+    try:
+      config(spec)
+    except ConfigError as e:
+      ap.error(f"config {spec!r}: {e}")
   import jax
   print(f"# Replicas vmapped in groups: {time.strftime('%Y-%m-%d %H:%M')} "
         f"UTC, {args.replicas} replicas, {jax.device_count()} device(s), "

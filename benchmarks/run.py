@@ -197,8 +197,8 @@ def parse_args(argv=None):
         c.strip() for c in args.cells.split(",") if c.strip()))
     unknown = [c for c in args.cells if c not in ALL_CELLS]
     if unknown or not args.cells:
-      ap.error(f"--cells: unknown {unknown or args.cells}; choose from "
-               f"{','.join(ALL_CELLS)}")
+      ap.error(f"--cells: {f'unknown {unknown}' if unknown else 'none given'}"
+               f"; choose from {','.join(ALL_CELLS)}")
     problem = _cells_unused(args.cells, sections)
     if problem:
       ap.error(f"--cells: {problem}")
@@ -206,9 +206,13 @@ def parse_args(argv=None):
   paths = {}
   for flag, path in (("--out", args.out), ("--json", args.json)):
     if path not in (None, "-"):
-      problem = _unwritable(Path(path))
+      # Path() reads "" as "." and drops a trailing "/" ("new/" would be
+      # written as the file new)
+      problem = ("names a folder; give a file in it" if path.endswith("/")
+                 else _unwritable(Path(path)) if path
+                 else "empty; give a file, or '-' for none")
       if problem:  # found now, not after the first group's minutes
-        ap.error(f"{flag} {path}: {problem}")
+        ap.error(f"{flag} {path or repr(path)}: {problem}")
       if Path(path).is_file() and not args.overwrite:
         ap.error(f"{flag} {path}: exists (an earlier run's?); give a new "
                  "file, or --overwrite to replace it")

@@ -64,7 +64,7 @@ from benchmarks.jax_worker import JaxCase
 from sorjax.fused_lstm import lstm_layer, lstm_scan
 from sorjax.layer_scan import scan_prefetch
 
-B, T, H = 10, 200, 12
+B, T, H = SHAPE = 10, 200, 12   # SHAPE: --shape's default
 CLOCK = time.process_time   # --clock wall: time.perf_counter
 D = H
 SECTIONS = ("dyck", "replicas", "lanes", "floor", "codegen", "paths",
@@ -524,6 +524,23 @@ def chosen_sections(ap, text, sections):
   return [s for s in sections if s in chosen]
 
 
+# The sections that read each flag: given to none of them, a flag is refused
+# (not ignored: --shape with --sections paths timed the default shapes).
+FLAG_SECTIONS = {"--shape": ("dyck", "replicas", "lanes", "floor", "codegen"),
+                 "--path-shapes": ("paths", "layouts"),
+                 "--replicas": ("replicas", "lanes", "floor")}
+
+
+def unused_flags(ap, chosen, given, uses=FLAG_SECTIONS):
+  """The parser's error naming a flag of `given` (flag -> value, None when
+  not given) that none of the `chosen` sections reads."""
+  for flag, value in given.items():
+    if value is not None and not set(uses[flag]) & set(chosen):
+      ap.error(f"{flag} {value}: read only by --sections "
+               f"{','.join(uses[flag])}, and --sections {','.join(chosen)} "
+               f"runs none of them")
+
+
 def main(argv=None):
   ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   ap.add_argument("--sections", default=",".join(SECTIONS))
@@ -532,13 +549,16 @@ def main(argv=None):
       f"in [0, {TORCH_TIMEOUT_S}) (torch's reply timeout)",
       lambda v: 0 <= v < TORCH_TIMEOUT_S),
                   help="least seconds per timing (default 0.3; 0: one step)")
-  ap.add_argument("--replicas", type=flags.at_least(1), default=20)
-  ap.add_argument("--shape", default=f"{B},{T},{H}",
-                  help="B,T,H of every section (D = H)")
-  ap.add_argument("--path-shapes", default=";".join(
-      ",".join(map(str, s)) for s in PATH_SHAPES),
+  ap.add_argument("--replicas", type=flags.at_least(1), default=None,
+                  help="of the 'replicas', 'lanes' and 'floor' sections "
+                  "(default 20)")
+  ap.add_argument("--shape", default=None,
+                  help=f"B,T,H of every section but 'paths' and 'layouts' "
+                  f"(D = H; default {','.join(map(str, SHAPE))})")
+  ap.add_argument("--path-shapes", default=None,
                   help="B,T,H;B,T,H;... of the 'paths' and 'layouts' "
-                  "sections")
+                  "sections (default " + ";".join(
+                      ",".join(map(str, s)) for s in PATH_SHAPES) + ")")
   ap.add_argument("--clock", choices=("cpu", "wall"), default="cpu",
                   help="JAX timings: CPU time of this process (default; "
                   "per core) or wall time (for multi-threaded runs)")
@@ -546,22 +566,34 @@ def main(argv=None):
                   help="compile small loops whole (sorjax.small_loops; "
                   "set before this process's first computation)")
   args = ap.parse_args(argv)
-  if args.small_loops:
-    small_loops.compile_whole_checked("--small-loops")
+  chosen = chosen_sections(ap, args.sections, SECTIONS)
+  unused_flags(ap, chosen, {"--shape": args.shape,
+                            "--path-shapes": args.path_shapes,
+                            "--replicas": args.replicas})
+  if args.replicas is None:
+    args.replicas = 20
+  if args.path_shapes is None:
+    args.path_shapes = PATH_SHAPES
+  else:
+    try:
+      shapes = [tuple(int(v) for v in s.split(","))
+                for s in args.path_shapes.split(";")]
+    except ValueError:
+      shapes = [()]
+    if all(len(s) == 3 and min(s) > 0 for s in shapes):
+      args.path_shapes = shapes
+    else:
+      ap.error(f"--path-shapes: want B,T,H triples of positive ints joined "
+               f"by ';', got {args.path_shapes!r}")
+  set_shape(*(SHAPE if args.shape is None
+              else shape_arg(ap, "--shape", args.shape)))
+  if args.small_loops:  # after the checks: it starts JAX
+    try:
+      small_loops.compile_whole_checked("--small-loops")
+    except ValueError as e:   # XLA_FLAGS sets its flags already
+      ap.error(f"--small-loops: {e}")
   global CLOCK
   CLOCK = time.process_time if args.clock == "cpu" else time.perf_counter
-  try:
-    shapes = [tuple(int(v) for v in s.split(","))
-              for s in args.path_shapes.split(";")]
-  except ValueError:
-    shapes = [()]
-  if all(len(s) == 3 and min(s) > 0 for s in shapes):
-    args.path_shapes = shapes
-  else:
-    ap.error(f"--path-shapes: want B,T,H triples of positive ints joined by "
-             f"';', got {args.path_shapes!r}")
-  set_shape(*shape_arg(ap, "--shape", args.shape))
-  chosen = chosen_sections(ap, args.sections, SECTIONS)
   print(f"# Small-model regime, per core: {time.strftime('%Y-%m-%d %H:%M')}, "
         f"load {os.getloadavg()[0]:.2f}, XLA_FLAGS="
         f"{os.environ.get('XLA_FLAGS', '')!r}, clock {args.clock}, "

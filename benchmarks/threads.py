@@ -45,7 +45,7 @@ import jax.numpy as jnp
 import sorjax
 from benchmarks import flags
 from benchmarks.small_model import (Case, chosen_sections, ratio, rounds,
-                                     shape_arg, table)
+                                     shape_arg, table, unused_flags)
 
 SECTIONS = ("gap", "torch", "spinners")
 GAPS = (0, 1, 2, 3, 4, 8)
@@ -276,13 +276,22 @@ def main(argv=None):
   ap.add_argument("--min-seconds", default=0.3,
                   type=flags.number(">= 0", lambda v: v >= 0))
   ap.add_argument("--shape", default="32,100,256", help="B,T,H (D = H)")
-  ap.add_argument("--dyck-shape", default="10,200,12",
-                  help="B,T,H of the spinners section's second step")
-  ap.add_argument("--gaps", default=",".join(map(str, GAPS)),
-                  help="the gap section's K values")
+  ap.add_argument("--dyck-shape", default=None,
+                  help="B,T,H of the spinners section's second step "
+                  "(default 10,200,12)")
+  ap.add_argument("--gaps", default=None,
+                  help="the gap section's K values (default "
+                  + ",".join(map(str, GAPS)) + ")")
   args = ap.parse_args(argv)
+  chosen = chosen_sections(ap, args.sections, SECTIONS)
+  unused_flags(ap, chosen, {"--dyck-shape": args.dyck_shape,
+                            "--gaps": args.gaps},
+               {"--dyck-shape": ("spinners",), "--gaps": ("gap",)})
   args.shape = shape_arg(ap, "--shape", args.shape)
-  args.dyck_shape = shape_arg(ap, "--dyck-shape", args.dyck_shape)
+  args.dyck_shape = shape_arg(ap, "--dyck-shape", "10,200,12"
+                              if args.dyck_shape is None else args.dyck_shape)
+  if args.gaps is None:
+    args.gaps = ",".join(map(str, GAPS))
   try:
     gaps = [int(k) for k in args.gaps.split(",")]
   except ValueError:
@@ -292,7 +301,6 @@ def main(argv=None):
   else:
     ap.error(f"--gaps: want non-negative ints joined by ',', got "
              f"{args.gaps!r}")
-  chosen = chosen_sections(ap, args.sections, SECTIONS)
   print(f"# Thread wake-ups: {time.strftime('%Y-%m-%d %H:%M')}, load "
         f"{os.getloadavg()[0]:.2f}, {len(os.sched_getaffinity(0))} cores, "
         f"jax {jax.__version__}\n")

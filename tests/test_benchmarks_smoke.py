@@ -455,6 +455,27 @@ def test_cli_rejects_bad_values_before_making_anything(argv, flag, tmp_path,
   assert not (tmp_path / "new").exists()
 
 
+def test_cli_names_empty_cells_and_paths_that_name_no_file(tmp_path, capsys):
+  # --cells '' said "unknown []"; --out '' "is a directory" (Path('') is
+  # '.'), and --out new/ was accepted and written as the file new (QA,
+  # session 44)
+  for argv, msg in (
+      (["--cells", ","], "--cells: none given"),
+      (["--out", ""], "--out '': empty"),
+      (["--json", ""], "--json '': empty"),
+      (["--out", f"{tmp_path}/new/"], f"--out {tmp_path}/new/: names a folder"),
+      (["--json", f"{tmp_path}/"], f"--json {tmp_path}/: names a folder")):
+    with pytest.raises(SystemExit) as e:
+      run.parse_args(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+  afile = tmp_path / "afile"    # "afile/" is no way to replace afile
+  afile.write_text("kept")
+  with pytest.raises(SystemExit):
+    run.parse_args(["--out", f"{afile}/", "--overwrite"])
+  assert "names a folder" in capsys.readouterr().err
+  assert sorted(tmp_path.iterdir()) == [afile]
+
+
 def test_cli_runs_a_section_named_twice_once():
   assert run.parse_args(["--sections", "lstm, lstm,gemm"]).section_list == [
       "lstm", "gemm"]
@@ -958,6 +979,53 @@ def test_small_model_study_rejects_bad_flags(argv, flag, capsys):
   assert e.value.code == 2 and "error: " in err and flag in err
 
 
+@pytest.mark.parametrize("argv, msg", [
+    (["--sections", "paths", "--shape", "2,3,4"],
+     "--shape 2,3,4: read only by --sections dyck,replicas,lanes,floor,"
+     "codegen, and --sections paths runs none of them"),
+    (["--sections", "dyck,codegen", "--path-shapes", "2,3,4"],
+     "--path-shapes 2,3,4: read only by --sections paths,layouts"),
+    (["--sections", "dyck", "--replicas", "2"],
+     "--replicas 2: read only by --sections replicas,lanes,floor"),
+])
+def test_small_model_study_refuses_flags_no_section_reads(argv, msg, capsys):
+  """Not ignored: --sections paths --shape B,T,H timed the nine default
+  path shapes (QA, session 44)."""
+  from benchmarks import small_model
+  with pytest.raises(SystemExit) as e:
+    small_model.main(["--rounds", "1", "--min-seconds", "0"] + argv)
+  assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
+def test_small_model_study_defaults_shapes_not_given(monkeypatch):
+  from benchmarks import small_model
+  seen = []
+  monkeypatch.setattr(small_model, "section_paths", lambda a: seen.append(
+      (small_model.B, small_model.T, small_model.H, list(a.path_shapes))))
+  monkeypatch.setattr(small_model, "section_dyck", lambda a: seen.append(
+      (small_model.B, small_model.T, small_model.H, a.replicas)))
+  small_model.set_shape(2, 3, 4)   # a call before: the default again
+  small_model.main(["--sections", "paths"])
+  small_model.main(["--sections", "dyck,paths", "--shape", "2,3,5"])
+  shapes = list(small_model.PATH_SHAPES)
+  assert seen == [(10, 200, 12, shapes), (2, 3, 5, 20), (2, 3, 5, shapes)]
+  small_model.set_shape(*small_model.SHAPE)
+
+
+def test_small_model_study_names_small_loops_flags_set_already(monkeypatch,
+                                                               capsys):
+  """--small-loops with XLA_FLAGS setting its flag: the parser's error,
+  not a traceback (QA, session 44); checked before JAX could start."""
+  from benchmarks import small_model
+  monkeypatch.setenv("XLA_FLAGS", "--xla_backend_extra_options=x")
+  monkeypatch.setattr("sorjax.host_memory.backend_started", lambda: False)
+  with pytest.raises(SystemExit) as e:
+    small_model.main(["--sections", "dyck", "--small-loops"])
+  err = capsys.readouterr().err
+  assert e.value.code == 2 and "error: --small-loops: " in err
+  assert "already sets --xla_backend_extra_options" in err
+
+
 def test_small_model_study_compiles_small_loops_whole():
   """--small-loops in a fresh process (XLA reads its flags once)."""
   env = {k: v for k, v in os.environ.items() if k != "XLA_FLAGS"}
@@ -973,6 +1041,8 @@ def test_small_model_study_compiles_small_loops_whole():
 
 def test_small_model_study_refuses_small_loops_too_late():
   from benchmarks import small_model
+  jax.devices()  # started here, not only by the tests before (run alone,
+  # this ran the dyck section with XLA_FLAGS changed)
   with pytest.raises(RuntimeError, match="must run before JAX starts"):
     small_model.main(["--sections", "dyck", "--small-loops"])
 
@@ -1006,6 +1076,19 @@ def test_thread_study_rejects_bad_flags(capsys):
     assert f"error: {flag}" in capsys.readouterr().err
 
 
+def test_thread_study_refuses_flags_no_section_reads(capsys):
+  from benchmarks import threads
+  for argv, msg in (
+      (["--sections", "gap", "--dyck-shape", "2,3,4"],
+       "--dyck-shape 2,3,4: read only by --sections spinners"),
+      (["--sections", "torch,spinners", "--gaps", "1"],
+       "--gaps 1: read only by --sections gap"),
+      (["--gaps", ""], "--gaps: want non-negative ints")):
+    with pytest.raises(SystemExit) as e:
+      threads.main(argv)
+    assert e.value.code == 2 and msg in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv, flag", [
     (["--min-seconds", "nan"], "--min-seconds"),
     (["--rounds", "0"], "--rounds")])
@@ -1024,7 +1107,15 @@ def test_thread_study_rejects_bad_numbers(argv, flag, capsys):
      "replicas (2)"),
     (["--cpu-devices", "0"], "argument --cpu-devices"),
     (["nosuchconfig"], "config 'nosuchconfig': no module experiments/"
-     "configs/nosuchconfig.py")])
+     "configs/nosuchconfig.py"),
+    # these were tracebacks, the bad string's after the configs before it
+    # had been timed (QA, session 44)
+    (["lin_dyck.x"], "config 'lin_dyck.x': no module"),
+    (["../x"], "config '../x': no module"),
+    (["common"], "config 'common': experiments/configs/common.py is no "
+     "config"),
+    (["lin_dyck:lstm,m4", "lin_dyck:lstm,m5"], "config 'lin_dyck:lstm,m5': "
+     "lin_dyck.py:'lstm,m5': bound must be one of m4, m6, m8")])
 def test_replica_groups_study_rejects_bad_flags_before_compiling(
     argv, msg, capsys):
   # they failed after compiling, as a traceback, or not at all (QA,
