@@ -19,6 +19,7 @@ from __future__ import annotations
 from typing import Any
 
 import flax.linen as nn
+import jax.numpy as jnp
 
 from sorjax.cells import base
 from sorjax.models.stack import RecurrentTrunk
@@ -67,9 +68,33 @@ class LanguageModel(RecurrentTrunk):
                                     aux)
     V, dtype = self.vocab_size, self.param_dtype
     if not self.tie_embedding:
-      return nn.Dense(V, param_dtype=dtype, name="decoder")(h), carries
+      return Decoder(V, param_dtype=dtype, name="decoder")(h), carries
     if self.output_size != self.embed_size:
       h = nn.Dense(self.embed_size, use_bias=False, param_dtype=dtype,
                    name="projection")(h)
     b = self.param("decoder_bias", nn.initializers.zeros_init(), (V,), dtype)
-    return base.affine(h, table.T, b), carries  # logits = h E^T + b
+    (y,) = base.input_products(h, table.T)  # logits = h E^T + b, as Decoder
+    return base.add_bias(y, b), carries
+
+
+class Decoder(nn.Module):
+  """h W + b to the vocabulary: `nn.Dense`'s parameters (kernel [H, V] and
+  bias [V], its initializers, names and dtype promotion), with its
+  gradients formed as products over the rows: dW from h^T in memory
+  (`base.input_products`; autodiff transposed the [rows, V] cotangent
+  instead) and db as 1^T dy (`base.add_bias`; autodiff's row sum ran on
+  YNNPACK). Lin et al.'s WikiText-2 LM gradient (V = 33,278, H = 600,
+  B=64 T=70) ran 1.25x faster on CPU (BUILD_NOTES, "The decoder's
+  gradients as products")."""
+  features: int
+  param_dtype: Any = jnp.float32
+
+  @nn.compact
+  def __call__(self, h):
+    kernel = self.param("kernel", nn.linear.default_kernel_init,
+                        (h.shape[-1], self.features), self.param_dtype)
+    bias = self.param("bias", nn.initializers.zeros_init(), (self.features,),
+                      self.param_dtype)
+    h, kernel, bias = nn.dtypes.promote_dtype(h, kernel, bias, dtype=None)
+    (y,) = base.input_products(h, kernel)
+    return base.add_bias(y, bias)
