@@ -38,9 +38,9 @@ def deferred():
   """Yields the list of signals received while inside (empty until one
   comes). Outside the main thread, where Python delivers no signal, it
   changes nothing. A signal the process ignores stays ignored: a run
-  started in the background by a shell without job control (`cmd &`,
-  `nohup`) has SIGINT ignored so that Ctrl-C in that terminal leaves it
-  alone, and it still does."""
+  started with `&` by a shell without job control (a script, a subshell)
+  has SIGINT ignored so that Ctrl-C in that terminal leaves it alone, and
+  it still does."""
   got: list[int] = []
   if threading.current_thread() is not threading.main_thread():
     yield got

@@ -90,22 +90,24 @@ def test_bad_config_file_variant_and_workdir_are_named(tmp_path):
                                f"--config={missing}: no such file")
 
 
-def _terminal_sigint():
-  """A child's SIGINT as a terminal's process has it: pytest started in the
-  background (`make test &`) passes SIGINT on ignored, and the training
-  loop rightly leaves an ignored signal ignored."""
-  signal.signal(signal.SIGINT, signal.SIG_DFL)
+# experiments.main with SIGINT handled as in a terminal's process: pytest
+# started in the background (`make test &` from a script) passes SIGINT on
+# ignored, and the training loop rightly leaves an ignored signal ignored.
+# (A preexec_fn would fork this multithreaded process.)
+TERMINAL_MAIN = ("import runpy, signal\n"
+                 "signal.signal(signal.SIGINT, signal.default_int_handler)\n"
+                 "runpy.run_module('experiments.main', run_name='__main__',"
+                 " alter_sys=True)")
 
 
 def test_sigint_saves_the_step_and_exits_130_without_a_traceback(tmp_path):
   workdir = tmp_path / "run"
   proc = subprocess.Popen(
-      [sys.executable, "-m", "experiments.main", *argv(TINY, workdir)[1:],
+      [sys.executable, "-c", TERMINAL_MAIN, *argv(TINY, workdir)[1:],
        *LSTM_DOTS, "--config.train.num_epochs=100000",
        "--config.train.log_every=1",
        "--config.train.checkpoint_every=100000"],
-      cwd=ROOT, stderr=subprocess.PIPE, text=True,
-      preexec_fn=_terminal_sigint)
+      cwd=ROOT, stderr=subprocess.PIPE, text=True)
   metrics = workdir / "metrics.jsonl"
   deadline = time.time() + 240
   while not (metrics.exists() and metrics.stat().st_size) and \

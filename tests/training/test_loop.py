@@ -260,8 +260,9 @@ def test_a_signal_saves_the_step_and_the_rerun_ends_as_uninterrupted(
   from sorjax.training.checkpoint import Checkpointer
   from sorjax.training.interrupt import Interrupted
   full = run(tmp_path / "full")
-  # the handlers of a terminal's process (pytest started with `&` or nohup
-  # inherits SIGINT ignored, which the loop leaves alone: the next test)
+  # the handlers of a terminal's process (pytest started with `&` from a
+  # script inherits SIGINT ignored, which the loop leaves alone: the next
+  # test)
   before = {signal.SIGINT: signal.default_int_handler,
             signal.SIGTERM: signal.SIG_DFL}[signum]
   inherited = signal.signal(signum, before)
