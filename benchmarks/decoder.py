@@ -25,17 +25,6 @@ from benchmarks import flags
 SHAPES = ((64, 70, 600, 33278), (20, 35, 200, 10000), (128, 100, 128, 50))
 
 
-def _shapes(ap, text: str) -> list[tuple[int, ...]]:
-  try:
-    shapes = [tuple(int(v) for v in s.split(",")) for s in text.split(";")]
-  except ValueError:
-    shapes = [()]
-  if not all(len(s) == 4 and min(s) > 0 for s in shapes):
-    ap.error(f"--shapes: want B,T,H,V quadruples of positive ints joined by "
-             f"';', got {text!r}")
-  return shapes
-
-
 def grads(B: int, T: int, H: int, V: int):
   """{name: (compiled gradient, its arguments)} for both decoders."""
   import flax.linen as nn
@@ -67,7 +56,7 @@ def main(argv=None) -> int:
       ",".join(map(str, s)) for s in SHAPES),
                   help="B,T,H,V;B,T,H,V;... (default: %(default)s)")
   args = ap.parse_args(argv)
-  shapes = _shapes(ap, args.shapes)
+  shapes = flags.shape_list(ap, "--shapes", args.shapes, "B,T,H,V")
   import jax
   print("| B, T, H, V | nn.Dense ms | lm.Decoder ms | speed-up |")
   print("|---|---|---|---|")

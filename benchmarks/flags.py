@@ -26,6 +26,22 @@ def at_least(minimum: int):
   return parse
 
 
+def shape_list(ap, flag: str, text: str, names: str = "B,T,H"
+               ) -> list[tuple[int, ...]]:
+  """--flag's shapes: tuples of positive ints named `names`, joined by
+  ';' ("B,T,H;B,T,H"), or the parser's error naming the flag."""
+  n = len(names.split(","))
+  try:
+    shapes = [tuple(int(v) for v in s.split(",")) for s in text.split(";")]
+  except ValueError:
+    shapes = [()]
+  if not all(len(s) == n and min(s) > 0 for s in shapes):
+    kind = {3: "triples", 4: "quadruples"}.get(n, "tuples")
+    ap.error(f"{flag}: want {names} {kind} of positive ints joined by ';', "
+             f"got {text!r}")
+  return shapes
+
+
 def number(rule: str, ok: Callable[[float], bool]):
   """An argparse type: a finite float for which ok holds; rule says what
   ok checks, e.g. "> 0" or "in [0, 600] (the worker's timeout)"."""

@@ -572,19 +572,8 @@ def main(argv=None):
                             "--replicas": args.replicas})
   if args.replicas is None:
     args.replicas = 20
-  if args.path_shapes is None:
-    args.path_shapes = PATH_SHAPES
-  else:
-    try:
-      shapes = [tuple(int(v) for v in s.split(","))
-                for s in args.path_shapes.split(";")]
-    except ValueError:
-      shapes = [()]
-    if all(len(s) == 3 and min(s) > 0 for s in shapes):
-      args.path_shapes = shapes
-    else:
-      ap.error(f"--path-shapes: want B,T,H triples of positive ints joined "
-               f"by ';', got {args.path_shapes!r}")
+  args.path_shapes = (PATH_SHAPES if args.path_shapes is None else
+                      flags.shape_list(ap, "--path-shapes", args.path_shapes))
   set_shape(*(SHAPE if args.shape is None
               else shape_arg(ap, "--shape", args.shape)))
   if args.small_loops:  # after the checks: it starts JAX

@@ -44,8 +44,8 @@ import jax.numpy as jnp
 
 import sorjax
 from benchmarks import flags
-from benchmarks.small_model import (Case, chosen_sections, ratio, rounds,
-                                     shape_arg, table, unused_flags)
+from benchmarks.small_model import (SHAPE, Case, chosen_sections, ratio,
+                                     rounds, shape_arg, table, unused_flags)
 
 SECTIONS = ("gap", "torch", "spinners")
 GAPS = (0, 1, 2, 3, 4, 8)
@@ -278,7 +278,7 @@ def main(argv=None):
   ap.add_argument("--shape", default="32,100,256", help="B,T,H (D = H)")
   ap.add_argument("--dyck-shape", default=None,
                   help="B,T,H of the spinners section's second step "
-                  "(default 10,200,12)")
+                  f"(default {','.join(map(str, SHAPE))})")
   ap.add_argument("--gaps", default=None,
                   help="the gap section's K values (default "
                   + ",".join(map(str, GAPS)) + ")")
@@ -288,8 +288,8 @@ def main(argv=None):
                             "--gaps": args.gaps},
                {"--dyck-shape": ("spinners",), "--gaps": ("gap",)})
   args.shape = shape_arg(ap, "--shape", args.shape)
-  args.dyck_shape = shape_arg(ap, "--dyck-shape", "10,200,12"
-                              if args.dyck_shape is None else args.dyck_shape)
+  args.dyck_shape = (SHAPE if args.dyck_shape is None else
+                    shape_arg(ap, "--dyck-shape", args.dyck_shape))
   if args.gaps is None:
     args.gaps = ",".join(map(str, GAPS))
   try:

@@ -176,20 +176,15 @@ def load_config(workdir: str) -> ml_collections.ConfigDict:
   _check_sections(path, raw)
   from sorjax.training.config import base_config
   from sorjax.training.tasks import as_trained
+  from sorjax.training.tasks.common import field_at
   base = base_config()
   for k in LATER_SECTIONS:  # what a run written before them did
     raw.setdefault(k, base[k].to_dict())
   raw, why = as_trained(raw)    # fields read otherwise then than now
   for field, reason in why.items():
     logging.warning("%s: %s reads as %r, what the run trained with (%s)",
-                    path, field, _get_path(raw, field), reason)
+                    path, field, field_at(raw, field), reason)
   return ml_collections.ConfigDict(raw)
-
-
-def _get_path(d: dict, dotted: str):
-  for part in dotted.split("."):
-    d = d[part]
-  return d
 
 
 # Sections of `base_config()` added after runs were written without them:

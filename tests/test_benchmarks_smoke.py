@@ -458,7 +458,7 @@ def test_cli_rejects_bad_values_before_making_anything(argv, flag, tmp_path,
 def test_cli_names_empty_cells_and_paths_that_name_no_file(tmp_path, capsys):
   # --cells '' said "unknown []"; --out '' "is a directory" (Path('') is
   # '.'), and --out new/ was accepted and written as the file new (QA,
-  # session 44)
+  # session 43)
   for argv, msg in (
       (["--cells", ","], "--cells: none given"),
       (["--out", ""], "--out '': empty"),
@@ -990,7 +990,7 @@ def test_small_model_study_rejects_bad_flags(argv, flag, capsys):
 ])
 def test_small_model_study_refuses_flags_no_section_reads(argv, msg, capsys):
   """Not ignored: --sections paths --shape B,T,H timed the nine default
-  path shapes (QA, session 44)."""
+  path shapes (QA, session 43)."""
   from benchmarks import small_model
   with pytest.raises(SystemExit) as e:
     small_model.main(["--rounds", "1", "--min-seconds", "0"] + argv)
@@ -1015,7 +1015,7 @@ def test_small_model_study_defaults_shapes_not_given(monkeypatch):
 def test_small_model_study_names_small_loops_flags_set_already(monkeypatch,
                                                                capsys):
   """--small-loops with XLA_FLAGS setting its flag: the parser's error,
-  not a traceback (QA, session 44); checked before JAX could start."""
+  not a traceback (QA, session 43); checked before JAX could start."""
   from benchmarks import small_model
   monkeypatch.setenv("XLA_FLAGS", "--xla_backend_extra_options=x")
   monkeypatch.setattr("sorjax.host_memory.backend_started", lambda: False)
@@ -1109,7 +1109,7 @@ def test_thread_study_rejects_bad_numbers(argv, flag, capsys):
     (["nosuchconfig"], "config 'nosuchconfig': no module experiments/"
      "configs/nosuchconfig.py"),
     # these were tracebacks, the bad string's after the configs before it
-    # had been timed (QA, session 44)
+    # had been timed (QA, session 43)
     (["lin_dyck.x"], "config 'lin_dyck.x': no module"),
     (["../x"], "config '../x': no module"),
     (["common"], "config 'common': experiments/configs/common.py is no "

@@ -196,6 +196,13 @@ def with_fields(saved: dict, fields: dict[str, Any]) -> dict:
   return out
 
 
+def field_at(saved: dict, path: str) -> Any:
+  """The value at dotted `path` of `saved` (a config as nested dicts)."""
+  for part in path.split("."):
+    saved = saved[part]
+  return saved
+
+
 def unread_as_trained(saved: dict) -> tuple[dict, dict[str, str]]:
   """For `tasks.as_trained`: fields of a saved config that no version read
   with its other settings, and that this one refuses when set (each

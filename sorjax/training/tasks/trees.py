@@ -34,8 +34,8 @@ from sorjax.data.vocab import Vocab
 from sorjax.models.tree_classifier import TreeClassifier, loss_and_accuracy
 from sorjax.training.config import fields_set
 from sorjax.training.tasks.common import BATCH_FIELDS, CELL_HPARAMS, \
-    ConfigError, check_bools, check_ints, check_scale, model_config, \
-    with_fields
+    ConfigError, check_bools, check_ints, check_scale, field_at, \
+    model_config, with_fields
 
 log = logging.getLogger(__name__)
 _STEP_KEYS = ("node", "left", "right", "step_mask")
@@ -94,7 +94,7 @@ def _trees_as_trained(saved: dict) -> tuple[dict, dict[str, str]]:
     fields["data.binary"] = False
   if not fields:
     return saved, {}
-  why = {p: f"config.json's {saved[p.split('.')[0]][p.split('.')[1]]!r}, "
+  why = {p: f"config.json's {field_at(saved, p)!r}, "
             "which the trees task does not read and never did"
          for p in fields}
   return with_fields(saved, fields), why
