@@ -1,0 +1,151 @@
+"""Shipped configs' training steps, as the training loop runs them, timed
+in this checkout of sorjax against others.
+
+    python -m benchmarks.train_step SPEC [SPEC ...] [--against DIR ...]
+        [--rounds 3] [--steps 10] [--batches 60]
+
+SPEC names a config of experiments/configs with its string, as
+`--config` takes it without the path: `renganathan_dyck:m4`,
+`lin_wikitext2:lstm`, `demo`. The step is the loop's jitted
+`Trainer` step (loss, gradient, optimizer, one replica, the training
+loop's replica vmap) on the longest of the config's first `--batches`
+training batches; each timing is the median wall time of `--steps`
+calls after two untimed ones.
+
+Each (checkout, SPEC) timing runs in a fresh process, in rounds that
+alternate the checkouts (this one first). `--against DIR` adds another
+checkout, e.g. the commit before a change: `git worktree add /tmp/base
+HEAD~1`. The worker is this file, run with DIR's sorjax first on the
+path, so it reads only what every checkout since session 30 has (the
+Trainer's step, state placement and batch sharding). Prints, per SPEC,
+each checkout's median ms a step and its speed-up over each --against
+checkout (median of the rounds' ratios). Real corpora are found as the
+builders find them (`$SORJAX_DATA_DIR`, `../shared/data` of this
+checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parents[1]
+
+
+def worker(root: str, spec: str, steps: int, batches: int) -> dict:
+  """One process's timing of SPEC with the sorjax of checkout `root`."""
+  sys.path.insert(0, root)
+  import importlib
+  import itertools
+  import tempfile
+  import time
+
+  import jax
+  import numpy as np
+
+  import sorjax
+  from sorjax.training.loop import Trainer
+  from sorjax.training.tasks import make_task
+
+  name, _, string = spec.partition(":")
+  module = importlib.import_module(f"experiments.configs.{name}")
+  config = module.get_config(string) if string else module.get_config()
+  config.num_replicas = 1
+  config.train.tensorboard = False
+  task = make_task(config)
+  with tempfile.TemporaryDirectory(prefix="train_step-") as workdir:
+    trainer = Trainer(task, config, workdir)
+    state = trainer._place_state(trainer.init_state())
+    firsts = [b for b, _ in itertools.islice(task.train_batches(0, None),
+                                             batches)]
+    batch = max(firsts, key=lambda b: np.size(next(iter(b.values()))))
+    placed = trainer._shard_batch(batch)
+    tau = np.float32(trainer.temperature(0, 0))
+    times = []
+    for i in range(steps + 2):
+      t0 = time.perf_counter()
+      state, metrics = trainer._step_fn(state, placed, tau)
+      jax.block_until_ready((state, metrics))
+      if i >= 2:
+        times.append(time.perf_counter() - t0)
+  return {"sorjax": sorjax.__file__, "ms": statistics.median(times) * 1e3,
+          "tokens": int(np.size(next(iter(batch.values()))))}
+
+
+def timed(root: str, spec: str, steps: int, batches: int) -> dict:
+  """`worker` in a fresh process; raises with its stderr if it fails."""
+  env = dict(os.environ, PYTHONPATH=root)
+  if "SORJAX_DATA_DIR" not in env and (HERE.parent / "shared/data").is_dir():
+    env["SORJAX_DATA_DIR"] = str(HERE.parent / "shared" / "data")
+  args = [sys.executable, __file__, "--worker", root, spec, str(steps),
+          str(batches)]
+  proc = subprocess.run(args, cwd=root, env=env, capture_output=True,
+                        text=True)
+  if proc.returncode:
+    raise RuntimeError(f"{spec} with the sorjax of {root} failed "
+                       f"(exit {proc.returncode}):\n{proc.stderr[-3000:]}")
+  out = json.loads(proc.stdout.strip().splitlines()[-1])
+  if not out["sorjax"].startswith(str(Path(root).resolve())):
+    raise RuntimeError(f"the worker for {root} imported sorjax from "
+                       f"{out['sorjax']}")
+  return out
+
+
+def main(argv=None) -> int:
+  if argv is None and sys.argv[1:2] == ["--worker"]:
+    root, spec, steps, batches = sys.argv[2:6]
+    print(json.dumps(worker(root, spec, int(steps), int(batches))))
+    return 0
+  from benchmarks import flags
+  from benchmarks.small_model import table
+  ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  ap.add_argument("specs", nargs="+", metavar="SPEC")
+  ap.add_argument("--against", action="append", default=[], metavar="DIR",
+                  help="another sorjax checkout to time (repeatable)")
+  ap.add_argument("--rounds", type=flags.at_least(1), default=3)
+  ap.add_argument("--steps", type=flags.at_least(1), default=10)
+  ap.add_argument("--batches", type=flags.at_least(1), default=60)
+  args = ap.parse_args(argv)
+  configs = HERE / "experiments" / "configs"
+  for spec in args.specs:
+    if not (configs / f"{spec.partition(':')[0]}.py").is_file():
+      ap.error(f"SPEC {spec!r}: no experiments/configs/"
+               f"{spec.partition(':')[0]}.py")
+  roots = [str(HERE)]
+  for d in args.against:
+    path = Path(d).resolve()
+    if not (path / "sorjax" / "__init__.py").is_file():
+      ap.error(f"--against {d!r}: not a sorjax checkout (no "
+               "sorjax/__init__.py)")
+    if str(path) in roots:
+      ap.error(f"--against {d!r}: that checkout is already timed")
+    roots.append(str(path))
+  rows = []
+  for spec in args.specs:
+    ms, tokens = {r: [] for r in roots}, {}
+    for _ in range(args.rounds):
+      for root in roots:
+        out = timed(root, spec, args.steps, args.batches)
+        ms[root].append(out["ms"])
+        tokens[root] = out["tokens"]
+    for root in roots:
+      speedups = [
+          "-" if other == root else
+          f"{statistics.median(o / t for o, t in zip(ms[other], ms[root])):.2f}x"
+          for other in roots[1:]]
+      median = statistics.median(ms[root])
+      rows.append([spec, root, f"{median:.4g}",
+                   f"{min(ms[root]):.4g}-{max(ms[root]):.4g}",
+                   f"{tokens[root] / median * 1e3:,.0f}", *speedups])
+  print(table(["SPEC", "checkout", "ms a step", "range", "tokens/s",
+               *(f"speed-up over {r}" for r in roots[1:])], rows))
+  return 0
+
+
+if __name__ == "__main__":
+  raise SystemExit(main())
