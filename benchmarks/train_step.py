@@ -2,15 +2,16 @@
 in this checkout of sorjax against others.
 
     python -m benchmarks.train_step SPEC [SPEC ...] [--against DIR ...]
-        [--rounds 3] [--steps 10] [--batches 60]
+        [--rounds 3] [--steps 5] [--seconds 2] [--batches 60]
 
 SPEC names a config of experiments/configs with its string, as
 `--config` takes it without the path: `renganathan_dyck:m4`,
 `lin_wikitext2:lstm`, `demo`. The step is the loop's jitted
 `Trainer` step (loss, gradient, optimizer, one replica, the training
 loop's replica vmap) on the longest of the config's first `--batches`
-training batches; each timing is the median wall time of `--steps`
-calls after two untimed ones.
+training batches; each timing is the median wall time of at least
+`--steps` calls, and of as many as fill `--seconds`, after two untimed
+ones.
 
 Each (checkout, SPEC) timing runs in a fresh process, in rounds that
 alternate the checkouts (this one first). `--against DIR` adds another
@@ -37,7 +38,8 @@ from pathlib import Path
 HERE = Path(__file__).resolve().parents[1]
 
 
-def worker(root: str, spec: str, steps: int, batches: int) -> dict:
+def worker(root: str, spec: str, steps: int, seconds: float,
+           batches: int) -> dict:
   """One process's timing of SPEC with the sorjax of checkout `root`."""
   sys.path.insert(0, root)
   import importlib
@@ -66,24 +68,27 @@ def worker(root: str, spec: str, steps: int, batches: int) -> dict:
     batch = max(firsts, key=lambda b: np.size(next(iter(b.values()))))
     placed = trainer._shard_batch(batch)
     tau = np.float32(trainer.temperature(0, 0))
+    for _ in range(2):
+      state, metrics = trainer._step_fn(state, placed, tau)
+    jax.block_until_ready((state, metrics))
     times = []
-    for i in range(steps + 2):
+    while len(times) < steps or sum(times) < seconds:
       t0 = time.perf_counter()
       state, metrics = trainer._step_fn(state, placed, tau)
       jax.block_until_ready((state, metrics))
-      if i >= 2:
-        times.append(time.perf_counter() - t0)
+      times.append(time.perf_counter() - t0)
   return {"sorjax": sorjax.__file__, "ms": statistics.median(times) * 1e3,
           "tokens": int(np.size(next(iter(batch.values()))))}
 
 
-def timed(root: str, spec: str, steps: int, batches: int) -> dict:
+def timed(root: str, spec: str, steps: int, seconds: float,
+          batches: int) -> dict:
   """`worker` in a fresh process; raises with its stderr if it fails."""
   env = dict(os.environ, PYTHONPATH=root)
   if "SORJAX_DATA_DIR" not in env and (HERE.parent / "shared/data").is_dir():
     env["SORJAX_DATA_DIR"] = str(HERE.parent / "shared" / "data")
   args = [sys.executable, __file__, "--worker", root, spec, str(steps),
-          str(batches)]
+          str(seconds), str(batches)]
   proc = subprocess.run(args, cwd=root, env=env, capture_output=True,
                         text=True)
   if proc.returncode:
@@ -98,8 +103,9 @@ def timed(root: str, spec: str, steps: int, batches: int) -> dict:
 
 def main(argv=None) -> int:
   if argv is None and sys.argv[1:2] == ["--worker"]:
-    root, spec, steps, batches = sys.argv[2:6]
-    print(json.dumps(worker(root, spec, int(steps), int(batches))))
+    root, spec, steps, seconds, batches = sys.argv[2:7]
+    print(json.dumps(worker(root, spec, int(steps), float(seconds),
+                            int(batches))))
     return 0
   from benchmarks import flags
   from benchmarks.small_model import table
@@ -108,7 +114,9 @@ def main(argv=None) -> int:
   ap.add_argument("--against", action="append", default=[], metavar="DIR",
                   help="another sorjax checkout to time (repeatable)")
   ap.add_argument("--rounds", type=flags.at_least(1), default=3)
-  ap.add_argument("--steps", type=flags.at_least(1), default=10)
+  ap.add_argument("--steps", type=flags.at_least(1), default=5)
+  ap.add_argument("--seconds", type=flags.number(">= 0", lambda v: v >= 0),
+                  default=2.0, help="time calls until this many seconds")
   ap.add_argument("--batches", type=flags.at_least(1), default=60)
   args = ap.parse_args(argv)
   configs = HERE / "experiments" / "configs"
@@ -130,7 +138,11 @@ def main(argv=None) -> int:
     ms, tokens = {r: [] for r in roots}, {}
     for _ in range(args.rounds):
       for root in roots:
-        out = timed(root, spec, args.steps, args.batches)
+        try:
+          out = timed(root, spec, args.steps, args.seconds, args.batches)
+        except RuntimeError as e:
+          print(f"benchmarks.train_step: {e}", file=sys.stderr)
+          return 1
         ms[root].append(out["ms"])
         tokens[root] = out["tokens"]
     for root in roots:

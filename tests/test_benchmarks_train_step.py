@@ -18,7 +18,8 @@ def test_the_demo_step_timed_in_two_checkouts(tmp_path, capsys):
   for name in ("sorjax", "experiments", "datasets"):
     (other / name).symlink_to(REPO / name)
   assert train_step.main(["demo", "--against", str(other), "--rounds", "1",
-                          "--steps", "1", "--batches", "1"]) == 0
+                          "--steps", "1", "--seconds", "0",
+                          "--batches", "1"]) == 0
   lines = capsys.readouterr().out.splitlines()
   assert lines[0] == ("| SPEC | checkout | ms a step | range | tokens/s | "
                       f"speed-up over {other} |")
@@ -28,9 +29,11 @@ def test_the_demo_step_timed_in_two_checkouts(tmp_path, capsys):
   assert rows[0][5].endswith("x") and rows[1][5] == "-"
 
 
-def test_a_failing_worker_names_the_spec_and_checkout():
-  with pytest.raises(RuntimeError, match=r"demo:nonsense with the sorjax of"):
-    train_step.timed(str(REPO), "demo:nonsense", 1, 1)
+def test_a_failing_worker_names_the_spec_and_checkout(capsys):
+  assert train_step.main(["demo:nonsense", "--rounds", "1", "--steps", "1",
+                          "--seconds", "0", "--batches", "1"]) == 1
+  err = capsys.readouterr().err
+  assert f"demo:nonsense with the sorjax of {REPO} failed" in err
 
 
 @pytest.mark.parametrize("argv,message", [
@@ -38,7 +41,8 @@ def test_a_failing_worker_names_the_spec_and_checkout():
     (["demo", "--against", "/"], "--against '/': not a sorjax checkout"),
     (["demo", "--against", str(REPO)], "that checkout is already timed"),
     (["demo", "--rounds", "0"], "--rounds: want an int >= 1, got '0'"),
-    (["demo", "--steps", "x"], "--steps: want an int >= 1, got 'x'")])
+    (["demo", "--steps", "x"], "--steps: want an int >= 1, got 'x'"),
+    (["demo", "--seconds", "-1"], "--seconds: want a finite number >= 0")])
 def test_bad_arguments_are_named(capsys, argv, message):
   with pytest.raises(SystemExit):
     train_step.main(argv)
