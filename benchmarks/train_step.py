@@ -19,10 +19,12 @@ checkout, e.g. the commit before a change: `git worktree add /tmp/base
 HEAD~1`. The worker is this file, run with DIR's sorjax first on the
 path, so it reads only what every checkout since session 30 has (the
 Trainer's step, state placement and batch sharding). Prints, per SPEC,
-each checkout's median ms a step and its speed-up over each --against
-checkout (median of the rounds' ratios). Real corpora are found as the
-builders find them (`$SORJAX_DATA_DIR`, `../shared/data` of this
-checkout).
+each checkout's median ms a step, tokens/s (the batch's valid
+positions: its lengths' sum where it has lengths) and its speed-up over
+each --against checkout (median of the rounds' ratios). Every SPEC's
+config must exist in every checkout before anything is timed. Real
+corpora are found as the builders find them (`$SORJAX_DATA_DIR`,
+`../shared/data` of this checkout).
 """
 
 from __future__ import annotations
@@ -33,18 +35,19 @@ import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parents[1]
 
 
-def worker(root: str, spec: str, steps: int, seconds: float,
-           batches: int) -> dict:
-  """One process's timing of SPEC with the sorjax of checkout `root`."""
+def worker(root: str, spec: str, steps: int, seconds: float, batches: int,
+           workdir: str) -> dict:
+  """One process's timing of SPEC with the sorjax of checkout `root`
+  (the Trainer's files go to `workdir`, which the parent removes)."""
   sys.path.insert(0, root)
   import importlib
   import itertools
-  import tempfile
   import time
 
   import jax
@@ -60,25 +63,27 @@ def worker(root: str, spec: str, steps: int, seconds: float,
   config.num_replicas = 1
   config.train.tensorboard = False
   task = make_task(config)
-  with tempfile.TemporaryDirectory(prefix="train_step-") as workdir:
-    trainer = Trainer(task, config, workdir)
-    state = trainer._place_state(trainer.init_state())
-    firsts = [b for b, _ in itertools.islice(task.train_batches(0, None),
-                                             batches)]
-    batch = max(firsts, key=lambda b: np.size(next(iter(b.values()))))
-    placed = trainer._shard_batch(batch)
-    tau = np.float32(trainer.temperature(0, 0))
-    for _ in range(2):
-      state, metrics = trainer._step_fn(state, placed, tau)
+  trainer = Trainer(task, config, workdir)
+  state = trainer._place_state(trainer.init_state())
+  firsts = [b for b, _ in itertools.islice(task.train_batches(0, None),
+                                           batches)]
+  batch = max(firsts, key=lambda b: np.size(next(iter(b.values()))))
+  placed = trainer._shard_batch(batch)
+  tau = np.float32(trainer.temperature(0, 0))
+  for _ in range(2):
+    state, metrics = trainer._step_fn(state, placed, tau)
+  jax.block_until_ready((state, metrics))
+  times = []
+  while len(times) < steps or sum(times) < seconds:
+    t0 = time.perf_counter()
+    state, metrics = trainer._step_fn(state, placed, tau)
     jax.block_until_ready((state, metrics))
-    times = []
-    while len(times) < steps or sum(times) < seconds:
-      t0 = time.perf_counter()
-      state, metrics = trainer._step_fn(state, placed, tau)
-      jax.block_until_ready((state, metrics))
-      times.append(time.perf_counter() - t0)
+    times.append(time.perf_counter() - t0)
+  # tokens: the batch's valid positions (its lengths, where it has them)
+  tokens = (np.sum(batch["lengths"]) if "lengths" in batch
+            else np.size(next(iter(batch.values()))))
   return {"sorjax": sorjax.__file__, "ms": statistics.median(times) * 1e3,
-          "tokens": int(np.size(next(iter(batch.values()))))}
+          "tokens": int(tokens)}
 
 
 def timed(root: str, spec: str, steps: int, seconds: float,
@@ -87,15 +92,16 @@ def timed(root: str, spec: str, steps: int, seconds: float,
   env = dict(os.environ, PYTHONPATH=root)
   if "SORJAX_DATA_DIR" not in env and (HERE.parent / "shared/data").is_dir():
     env["SORJAX_DATA_DIR"] = str(HERE.parent / "shared" / "data")
-  args = [sys.executable, __file__, "--worker", root, spec, str(steps),
-          str(seconds), str(batches)]
-  proc = subprocess.run(args, cwd=root, env=env, capture_output=True,
-                        text=True)
+  with tempfile.TemporaryDirectory(prefix="train_step-") as workdir:
+    args = [sys.executable, __file__, "--worker", root, spec, str(steps),
+            str(seconds), str(batches), workdir]
+    proc = subprocess.run(args, cwd=root, env=env, capture_output=True,
+                          text=True)
   if proc.returncode:
     raise RuntimeError(f"{spec} with the sorjax of {root} failed "
                        f"(exit {proc.returncode}):\n{proc.stderr[-3000:]}")
   out = json.loads(proc.stdout.strip().splitlines()[-1])
-  if not out["sorjax"].startswith(str(Path(root).resolve())):
+  if Path(out["sorjax"]).parents[1] != Path(root):
     raise RuntimeError(f"the worker for {root} imported sorjax from "
                        f"{out['sorjax']}")
   return out
@@ -103,9 +109,9 @@ def timed(root: str, spec: str, steps: int, seconds: float,
 
 def main(argv=None) -> int:
   if argv is None and sys.argv[1:2] == ["--worker"]:
-    root, spec, steps, seconds, batches = sys.argv[2:7]
+    root, spec, steps, seconds, batches, workdir = sys.argv[2:8]
     print(json.dumps(worker(root, spec, int(steps), float(seconds),
-                            int(batches))))
+                            int(batches), workdir)))
     return 0
   from benchmarks import flags
   from benchmarks.small_model import table
@@ -119,11 +125,6 @@ def main(argv=None) -> int:
                   default=2.0, help="time calls until this many seconds")
   ap.add_argument("--batches", type=flags.at_least(1), default=60)
   args = ap.parse_args(argv)
-  configs = HERE / "experiments" / "configs"
-  for spec in args.specs:
-    if not (configs / f"{spec.partition(':')[0]}.py").is_file():
-      ap.error(f"SPEC {spec!r}: no experiments/configs/"
-               f"{spec.partition(':')[0]}.py")
   roots = [str(HERE)]
   for d in args.against:
     path = Path(d).resolve()
@@ -133,6 +134,14 @@ def main(argv=None) -> int:
     if str(path) in roots:
       ap.error(f"--against {d!r}: that checkout is already timed")
     roots.append(str(path))
+  for spec in args.specs:  # in every checkout, before anything is timed
+    name = spec.partition(":")[0]
+    for root in roots:
+      config = Path(root) / "experiments" / "configs" / f"{name}.py"
+      if not (name.isidentifier() and config.is_file()
+              and "def get_config(" in config.read_text()):
+        ap.error(f"SPEC {spec!r}: no experiments/configs/{name}.py with a "
+                 f"get_config() in {root}")
   rows = []
   for spec in args.specs:
     ms, tokens = {r: [] for r in roots}, {}
@@ -143,6 +152,10 @@ def main(argv=None) -> int:
         except RuntimeError as e:
           print(f"benchmarks.train_step: {e}", file=sys.stderr)
           return 1
+        except KeyboardInterrupt:
+          print("benchmarks.train_step: interrupted; nothing printed",
+                file=sys.stderr)
+          return 130
         ms[root].append(out["ms"])
         tokens[root] = out["tokens"]
     for root in roots:

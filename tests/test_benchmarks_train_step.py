@@ -36,8 +36,22 @@ def test_a_failing_worker_names_the_spec_and_checkout(capsys):
   assert f"demo:nonsense with the sorjax of {REPO} failed" in err
 
 
+def test_a_config_missing_from_another_checkout_is_named_first(tmp_path,
+                                                              capsys):
+  other = tmp_path / "old"
+  (other / "experiments" / "configs").mkdir(parents=True)
+  (other / "sorjax").symlink_to(REPO / "sorjax")
+  with pytest.raises(SystemExit):
+    train_step.main(["demo", "--against", str(other)])
+  assert (f"SPEC 'demo': no experiments/configs/demo.py with a get_config() "
+          f"in {other}") in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv,message", [
     (["nope"], "SPEC 'nope': no experiments/configs/nope.py"),
+    (["common"], "SPEC 'common': no experiments/configs/common.py with a "
+                 "get_config()"),
+    (["../../x"], "SPEC '../../x': no experiments/configs/../../x.py"),
     (["demo", "--against", "/"], "--against '/': not a sorjax checkout"),
     (["demo", "--against", str(REPO)], "that checkout is already timed"),
     (["demo", "--rounds", "0"], "--rounds: want an int >= 1, got '0'"),

@@ -604,10 +604,9 @@ def input_products(xs: Array, *Ws: Array) -> tuple[Array, ...]:
   differentiated makes none), so it pays only where it serves enough:
   mm_rnn's two input terms, 1.02-1.05x its training step, and the attention
   LSTMs' one wide [D, S*4H] product (session 35, with `row_products`' wide
-  rule: 1.21x at B=64 T=100 H=512 on a Zen 3 EPYC), and the language
-  model's decoder, whose [rows, V] cotangent autodiff transposed instead
-  (`lm.Decoder`); not mlstm's (1.00x; BUILD_NOTES, "Input products from
-  transposed rows").
+  rule: 1.21x at B=64 T=100 H=512 on a Zen 3 EPYC); not mlstm's (1.00x;
+  BUILD_NOTES, "Input products from transposed rows"). The language
+  model's decoder forms dW and db together (`affine_products`).
   A custom JVP, so forward mode, reverse mode, vmap and higher orders all
   go through it."""
   return _input_products(xs, Ws)
@@ -667,13 +666,17 @@ def _affine_products_jvp(primals, tangents):
   dxs, dW, db = tangents
   y = _affine_products(xs, W, b)
   parts = [] if type(dxs) is SymbolicZero else [dxs @ W]
-  if type(dW) is not SymbolicZero or type(db) is not SymbolicZero:
-    dW = jnp.zeros_like(W) if type(dW) is SymbolicZero else dW
-    db = jnp.zeros_like(b) if type(db) is SymbolicZero else db
-    ones = jnp.ones((*xs.shape[:-1], 1), xs.dtype)
-    xT1 = transposed_rows(jnp.concatenate([xs, ones], -1))      # [D+1, R]
-    dWb = jnp.concatenate([dW, db[None]])                        # [D+1, V]
-    parts.append((xT1.T @ dWb).reshape(y.shape))   # [xs, 1] [dW; db]
+  # the rows of x W + 1 b whose tangents are needed, one product of them
+  rows, ds = [], []
+  if type(dW) is not SymbolicZero:
+    rows.append(xs)
+    ds.append(dW)
+  if type(db) is not SymbolicZero:
+    rows.append(jnp.ones((*xs.shape[:-1], 1), xs.dtype))
+    ds.append(db[None])
+  if rows:
+    xT1 = transposed_rows(jnp.concatenate(rows, -1))          # [D (+1), R]
+    parts.append((xT1.T @ jnp.concatenate(ds)).reshape(y.shape))
   return y, (sum(parts[1:], parts[0]) if parts else jnp.zeros_like(y))
 
 
