@@ -645,7 +645,7 @@ def affine_products(xs: Array, W: Array, b: Array) -> Array:
   (jax 0.10.2, XLA:CPU) to a transposed copy of the whole [rows, V]
   cotangent before a matrix-vector product: 1.97 of 6.9 s in a WikiText-2
   step (lin_wikitext2:lstm, B=64 T=70), 0.37 of 0.83 s at PTB words
-  (BUILD_NOTES, "The decoder's gradients as products"). db equals the
+  (BUILD_NOTES, "The decoder's two gradients as one product"). db equals the
   cotangent's row sum to float rounding. A custom JVP, so forward mode,
   vmap and higher orders go through it; xs, W and b of different dtypes
   take the two calls above."""
