@@ -298,6 +298,16 @@ def map_replicas(f, tree, batch: int, shards: int = 1):
                                 jax.vmap(local)(split))
 
 
+def batch_tokens(batch: dict) -> int:
+  """The tokens a training batch holds, for the logged tokens/s: the sum
+  of its `lengths` where it has them (padded positions are no tokens),
+  else the size of its first array (a full stream batch; a tree batch's
+  padded leaf slots)."""
+  if "lengths" in batch:
+    return int(np.sum(batch["lengths"]))
+  return int(np.size(batch[next(iter(batch))]))
+
+
 def _tree_index(tree, r):
   return jax.tree_util.tree_map(lambda a: a[r], tree)
 
@@ -567,7 +577,7 @@ class Trainer:
           state, metrics = self._step_fn(state, self._shard_batch(batch),
                                          jnp.float32(tau))
           step += 1
-          tok_last += int(np.prod(np.shape(batch[next(iter(batch))])))
+          tok_last += batch_tokens(batch)
           if step % tcfg.log_every == 0:
             m = jax.device_get(metrics)
             if not np.all(np.isfinite(m["loss"])):

@@ -84,6 +84,19 @@ def test_map_replicas_equals_a_loop_over_replicas(R, batch, shards):
       np.testing.assert_allclose(g[r], w, rtol=1e-6, atol=1e-6)
 
 
+def test_logged_tokens_count_valid_positions_only():
+  """tokens/s counts a batch's lengths where it has them (a Dyck batch of
+  lengths 3 and 5 padded to 8 holds 8 tokens, not 16), else its first
+  array's size (a full stream batch)."""
+  from sorjax.training.loop import batch_tokens
+  padded = {"inputs": np.zeros((2, 8), np.int32),
+            "targets": np.zeros((2, 8), np.int32),
+            "lengths": np.array([3, 5], np.int32)}
+  assert batch_tokens(padded) == 8
+  assert batch_tokens({"inputs": np.zeros((4, 35), np.int32),
+                       "targets": np.zeros((4, 35), np.int32)}) == 140
+
+
 def test_replica_batch_for_keeps_groups_within_the_width():
   assert replica_batch_for(20, 10, 12) == 4        # 512 // 120
   assert replica_batch_for(20, 10, 24) == 2
