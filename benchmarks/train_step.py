@@ -79,7 +79,8 @@ def worker(root: str, spec: str, steps: int, seconds: float, batches: int,
     state, metrics = trainer._step_fn(state, placed, tau)
     jax.block_until_ready((state, metrics))
     times.append(time.perf_counter() - t0)
-  # tokens: the batch's valid positions (its lengths, where it has them)
+  # tokens: the batch's valid positions, as loop.batch_tokens counts them
+  # (written out here: older checkouts have no batch_tokens)
   tokens = (np.sum(batch["lengths"]) if "lengths" in batch
             else np.size(next(iter(batch.values()))))
   return {"sorjax": sorjax.__file__, "ms": statistics.median(times) * 1e3,
