@@ -9,7 +9,7 @@ SPEC names a config of experiments/configs with its string, as
 `lin_wikitext2:lstm`, `demo`. The step is the loop's jitted
 `Trainer` step (loss, gradient, optimizer, one replica, the training
 loop's replica vmap) on the longest of the config's first `--batches`
-training batches; each timing is the median wall time of at least
+training batches (the most time steps); each timing is the median wall time of at least
 `--steps` calls, and of as many as fill `--seconds`, after two untimed
 ones.
 
@@ -44,10 +44,13 @@ HERE = Path(__file__).resolve().parents[1]
 def worker(root: str, spec: str, steps: int, seconds: float, batches: int,
            workdir: str) -> dict:
   """One process's timing of SPEC with the sorjax of checkout `root`
-  (the Trainer's files go to `workdir`, which the parent removes)."""
+  (the Trainer's files go to `workdir`, which the parent removes). The
+  config and batch come from this checkout's `replica_groups` helpers
+  (imported before root goes first on the path), sorjax and the configs
+  from root's."""
+  sys.path.insert(0, str(HERE))
+  from benchmarks.replica_groups import config as config_of, longest_batch
   sys.path.insert(0, root)
-  import importlib
-  import itertools
   import time
 
   import jax
@@ -57,17 +60,13 @@ def worker(root: str, spec: str, steps: int, seconds: float, batches: int,
   from sorjax.training.loop import Trainer
   from sorjax.training.tasks import make_task
 
-  name, _, string = spec.partition(":")
-  module = importlib.import_module(f"experiments.configs.{name}")
-  config = module.get_config(string) if string else module.get_config()
+  config = config_of(spec)
   config.num_replicas = 1
   config.train.tensorboard = False
   task = make_task(config)
   trainer = Trainer(task, config, workdir)
   state = trainer._place_state(trainer.init_state())
-  firsts = [b for b, _ in itertools.islice(task.train_batches(0, None),
-                                           batches)]
-  batch = max(firsts, key=lambda b: np.size(next(iter(b.values()))))
+  batch = longest_batch(task, batches)
   placed = trainer._shard_batch(batch)
   tau = np.float32(trainer.temperature(0, 0))
   for _ in range(2):

@@ -557,38 +557,6 @@ def affine(x: Array, W: Array, b: Array) -> Array:
   return y + lift(b, y.ndim)
 
 
-def add_bias(y: Array, b: Array) -> Array:
-  """y + b over any leading axes of y, with the bias gradient formed as a
-  product, sum_r dy_r = 1^T dy, instead of autodiff's reduction over the
-  rows. XLA:CPU (jax 0.10.2) hands that reduction to YNNPACK, which ran a
-  sum over the 4,480 rows of a [4480, 33278] cotangent (a WikiText-2
-  decoder's logits, B=64 T=70) in 1.3 s against 19 ms as the product
-  (BUILD_NOTES, "The decoder's gradients as products"). A custom JVP
-  whose b-tangent is an outer product with ones, so its transpose is a
-  dot; forward mode, reverse mode, vmap and higher orders all go through
-  it."""
-  return _add_bias(y, b)
-
-
-@jax.custom_jvp
-def _add_bias(y, b):
-  return y + lift(b, y.ndim)
-
-
-def _add_bias_jvp(primals, tangents):
-  y, b = primals
-  dy, db = tangents
-  out = _add_bias(y, b)
-  parts = [] if type(dy) is SymbolicZero else [dy.astype(out.dtype)]
-  if type(db) is not SymbolicZero:
-    ones = jnp.ones(y.shape[:-1], out.dtype)
-    parts.append(jnp.einsum("...,n->...n", ones, db.astype(out.dtype)))
-  return out, (sum(parts[1:], parts[0]) if parts else jnp.zeros_like(out))
-
-
-_add_bias.defjvp(_add_bias_jvp, symbolic_zeros=True)
-
-
 def input_products(xs: Array, *Ws: Array) -> tuple[Array, ...]:
   """(xs @ W_1, .., xs @ W_n) over any leading axes of xs, one matmul each,
   for the hoisted input terms of cells that take several products of x.
@@ -636,29 +604,28 @@ _input_products.defjvp(_input_products_jvp, symbolic_zeros=True)
 
 
 def affine_products(xs: Array, W: Array, b: Array) -> Array:
-  """xs @ W + b over any leading axes of xs (a decoder's logits), with both
-  gradients formed by one product: [dW; db] = [xs^T; 1^T] dy, from xs's
-  rows transposed in memory (`transposed_rows`) with a row of ones below.
+  """`affine(xs, W, b)`, xs @ W + b over any leading axes of xs (a
+  decoder's logits), with both gradients formed by one product:
+  [dW; db] = [xs^T; 1^T] dy, from xs's rows transposed in memory
+  (`transposed_rows`) with a row of ones below.
 
-  `add_bias(input_products(xs, W)[0], b)` computes the same values, but
-  under the training loop's vmap over replicas its 1^T dy compiled
-  (jax 0.10.2, XLA:CPU) to a transposed copy of the whole [rows, V]
-  cotangent before a matrix-vector product: 1.97 of 6.9 s in a WikiText-2
-  step (lin_wikitext2:lstm, B=64 T=70), 0.37 of 0.83 s at PTB words
-  (BUILD_NOTES, "The decoder's two gradients as one product"). db equals the
-  cotangent's row sum to float rounding. A custom JVP, so forward mode,
-  vmap and higher orders go through it; xs, W and b of different dtypes
-  take the two calls above."""
-  if not xs.dtype == W.dtype == b.dtype:
-    (y,) = input_products(xs, W)
-    return add_bias(y, b)
-  return _affine_products(xs, W, b)
+  Autodiff's db, a reduction over the rows, ran on YNNPACK (XLA:CPU, jax
+  0.10.2) 70x slower than a product (a [4480, 33278] WikiText-2 cotangent:
+  1.3 s), and a separate 1^T dy compiled, under the training loop's vmap
+  over replicas, to a transposed copy of the whole [rows, V] cotangent
+  before a matrix-vector product: 1.97 of 6.9 s in a WikiText-2 step
+  (lin_wikitext2:lstm, B=64 T=70), 0.37 of 0.83 s at PTB words
+  (BUILD_NOTES, "The decoder's two gradients as one product"). db equals
+  the cotangent's row sum to float rounding. A custom JVP, so forward
+  mode, vmap and higher orders go through it. Inputs of different dtypes
+  are promoted first, as `xs @ W + b` promotes them."""
+  dtype = jnp.result_type(xs, W, b)
+  return _affine_products(*(a.astype(dtype) for a in (xs, W, b)))
 
 
 @jax.custom_jvp
 def _affine_products(xs, W, b):
-  (y,) = _input_products(xs, (W,))
-  return _add_bias(y, b)
+  return affine(xs, W, b)
 
 
 def _affine_products_jvp(primals, tangents):
